@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One-command setup: creates .venv/ with everything the CPU path needs, plus llama.cpp's GGUF
+# converter and vocab files taken from the pinned llama-cpp-python sdist (same llama.cpp as the
+# runtime). Rerunning is quick: nothing happens when pyproject.toml and this file are unchanged.
+#   ./setup.sh            # CPU machine (tests, the tiny profile)
+#   EXTRAS=gpu ./setup.sh # CUDA machine (adds unsloth, bitsandbytes); the Docker image does this
+set -euo pipefail
+cd "$(dirname "$0")"
+
+python=${PYTHON:-python3.11}
+extras=${EXTRAS:-}
+llama_version=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
+llama_sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+
+stamp=.venv/.setup-stamp
+want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)-${extras}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "setup: .venv is up to date"
+    exit 0
+fi
+
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install --quiet -e ".[dev${extras:+,$extras}]"
+
+# llama.cpp's converter + gguf-py + vocab files, from the sdist of the installed llama-cpp-python.
+if [ ! -f .venv/llama.cpp/convert_hf_to_gguf.py ]; then
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: \
+        "llama-cpp-python==${llama_version}" -d "$tmp"
+    echo "${llama_sdist_sha256}  $tmp/llama_cpp_python-${llama_version}.tar.gz" | sha256sum --check --quiet
+    src="llama_cpp_python-${llama_version}/vendor/llama.cpp"
+    tar -xzf "$tmp/llama_cpp_python-${llama_version}.tar.gz" -C "$tmp" \
+        "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$src/LICENSE" \
+        "$src/models/ggml-vocab-qwen2.gguf"
+    rm -rf .venv/llama.cpp.partial
+    mv "$tmp/$src" .venv/llama.cpp.partial
+    mv .venv/llama.cpp.partial .venv/llama.cpp
+fi
+
+echo "$want" > "$stamp"
+echo "setup: done (.venv ready; activate with: source .venv/bin/activate)"

@@ -1,0 +1,377 @@
+"""Typed, validated params: `params.yaml` -> `Config`, checked once, before any heavy import.
+
+`params.yaml` has one group per stage plus `model` and `profile`. The `profiles` table holds
+named sets of overrides (`profiles.tiny.train.max_steps: 8`); `profile` picks one, and `full`
+means none. Every knob must be present in `params.yaml`: it is the only place knobs live.
+
+Any problem raises `ConfigError` with one line that names the key, e.g.
+`params.yaml: generate.val_size: expected an integer >= 1, got -3`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class VgrpoError(Exception):
+    """A user-facing problem: stages print its one-line message and exit with code 2."""
+
+
+class ConfigError(VgrpoError):
+    """A problem with params.yaml."""
+
+
+def knob(*, ge: float | None = None, gt: float | None = None, le: float | None = None):
+    """A required params field with optional numeric bounds."""
+    return field(metadata={"ge": ge, "gt": gt, "le": le})
+
+
+SHAPES = ("triangles", "circles", "squares")
+SPLITS = ("train", "val", "test", "ood")
+COLOURS = {
+    "red": (220, 30, 30),
+    "blue": (30, 60, 220),
+    "green": (20, 160, 60),
+    "orange": (240, 140, 0),
+    "purple": (140, 40, 180),
+    "black": (0, 0, 0),
+}
+# llama.cpp quantization names (lower case) -> llama_ftype. tests/test_config.py checks these
+# against the installed llama_cpp constants.
+QUANTIZATIONS = {
+    "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k_s": 11, "q3_k_m": 12,
+    "q3_k_l": 13, "q4_k_s": 14, "q4_k_m": 15, "q5_k_s": 16, "q5_k_m": 17, "q6_k": 18,
+}  # fmt: skip
+# Reward names known to vgrpo.rewards.REWARDS (kept here so validating params imports nothing heavy;
+# tests/test_rewards.py checks the two lists agree).
+REWARD_NAMES = ("correctness_tags", "format_tags", "correctness_free", "description", "reasoning")
+
+Colour = Literal["red", "blue", "green", "orange", "purple", "black"]
+Split = Literal["train", "val", "test", "ood"]
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    name: str  # a hub id, a local directory, or "tiny" (random Qwen3-VL built locally)
+    dtype: Literal["float32", "bfloat16", "float16"]
+    min_pixels: int = knob(ge=1024)  # image-token budget: pixels per image after resizing
+    max_pixels: int = knob(ge=1024)
+    tiny_seed: int = knob(ge=0)  # weights of the tiny model (ignored for real checkpoints)
+
+
+@dataclass(frozen=True)
+class ShapeColours:
+    triangles: Colour
+    circles: Colour
+    squares: Colour
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    seed: int = knob(ge=0)
+    image_size: int = knob(ge=64, le=2048)
+    train_size: int = knob(ge=1)
+    val_size: int = knob(ge=1)
+    test_size: int = knob(ge=1)
+    ood_size: int = knob(ge=1)
+    min_count: int = knob(ge=1)  # every shape, in-distribution splits
+    max_count: int = knob(ge=1)
+    ood_min_count: int = knob(ge=1)  # the asked shape in `ood`
+    ood_max_count: int = knob(ge=1)
+    min_shape_size: int = knob(ge=6)  # bounding-box side in pixels
+    max_shape_size: int = knob(ge=6)
+    min_gap: int = knob(ge=1)  # pixels between shapes, so they never touch
+    colours: ShapeColours
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    backend: Literal["auto", "unsloth", "hf"]
+    rewards: dict[str, float]  # reward name -> weight
+    lora_r: int = knob(ge=1)
+    lora_alpha: int = knob(ge=1)
+    lora_dropout: float = knob(ge=0, le=1)
+    lora_bias: Literal["none", "all", "lora_only"]
+    finetune_vision_layers: bool
+    finetune_language_layers: bool
+    finetune_attention_modules: bool
+    finetune_mlp_modules: bool
+    load_in_4bit: bool
+    gradient_checkpointing: bool
+    vision_lr_scale: float = knob(ge=0)  # vision LoRA lr = learning_rate * this; 0 freezes it
+    learning_rate: float = knob(gt=0)
+    adam_beta1: float = knob(ge=0, le=1)
+    adam_beta2: float = knob(ge=0, le=1)
+    weight_decay: float = knob(ge=0)
+    optim: Literal["adamw_torch", "adamw_8bit", "paged_adamw_8bit", "sgd"]
+    lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"]
+    warmup_ratio: float = knob(ge=0, le=1)
+    per_device_train_batch_size: int = knob(ge=1)  # completions (not prompts) per device and step
+    gradient_accumulation_steps: int = knob(ge=1)
+    num_generations: int = knob(ge=2)  # GRPO group size
+    max_prompt_length: int = knob(ge=16)
+    max_completion_length: int = knob(ge=1)
+    temperature: float = knob(gt=0)
+    top_p: float = knob(gt=0, le=1)
+    beta: float = knob(ge=0)  # KL coefficient
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"]
+    importance_sampling_level: Literal["token", "sequence"]
+    num_train_epochs: float = knob(gt=0)
+    max_steps: int = knob(ge=-1)  # -1: use num_train_epochs
+    save_steps: int = knob(ge=1)
+    max_grad_norm: float = knob(gt=0)
+    logging_steps: int = knob(ge=1)
+    seed: int = knob(ge=0)
+    resume: bool
+    num_processes: int = knob(ge=1)
+    accelerate_config: Literal["ddp", "zero2", "zero3"]
+    use_vllm: bool
+    vllm_mode: Literal["colocate", "server"]
+    vllm_gpu_memory_utilization: float = knob(gt=0, le=1)
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    splits: list[Split]
+    max_samples: int = knob(ge=1)  # per split
+    batch_size: int = knob(ge=1)
+    max_new_tokens: int = knob(ge=1)
+    do_sample: bool
+    temperature: float = knob(gt=0)
+    seed: int = knob(ge=0)
+    bootstrap_samples: int = knob(ge=100)
+    attention_samples: int = knob(ge=0)  # images drawn as attention heatmaps
+
+
+@dataclass(frozen=True)
+class ExportParams:
+    merged_dtype: Literal["float32", "bfloat16", "float16"]
+    quantizations: list[str]
+
+
+@dataclass(frozen=True)
+class SmokeParams:
+    num_images: int = knob(ge=2)
+    max_new_tokens: int = knob(ge=1)
+    first_k_tokens: int = knob(ge=1)
+    n_threads: int = knob(ge=1)
+    min_f16_token_agreement: float = knob(ge=0, le=1)
+    min_quant_answer_agreement: float = knob(ge=0, le=1)
+    require_image_sensitivity: bool
+
+
+@dataclass(frozen=True)
+class Config:
+    profile: str
+    model: ModelParams
+    generate: GenerateParams
+    train: TrainParams
+    evaluate: EvaluateParams
+    export: ExportParams
+    smoke: SmokeParams
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_GROUP_CLASSES = {
+    "model": ModelParams, "generate": GenerateParams, "train": TrainParams,
+    "evaluate": EvaluateParams, "export": ExportParams, "smoke": SmokeParams,
+}  # fmt: skip
+
+
+def load_config(path: str | Path = "params.yaml") -> Config:
+    """Read, merge the selected profile into, and validate params.yaml."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
+    return config_from_dict(raw, source=path.name)
+
+
+def config_from_dict(raw: Any, source: str = "params.yaml") -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {_show(raw)}")
+    unknown = set(raw) - set(_GROUP_CLASSES) - {"profile", "profiles"}
+    if unknown:
+        raise ConfigError(f"{source}: {sorted(unknown)[0]}: unknown key (expected one of "
+                          f"{', '.join(['profile', *_GROUP_CLASSES, 'profiles'])})")
+    profiles = raw.get("profiles") or {}
+    if not isinstance(profiles, dict):
+        raise ConfigError(f"{source}: profiles: expected a mapping of profile name -> overrides")
+    for name, overrides in profiles.items():  # every profile is checked, not only the selected one
+        _check_overrides(overrides, f"profiles.{name}", source)
+
+    profile = raw.get("profile", "full")
+    if profile != "full" and profile not in profiles:
+        raise ConfigError(f"{source}: profile: unknown profile {profile!r} (expected one of "
+                          f"{', '.join(['full', *profiles])})")
+    merged = {group: raw.get(group) for group in _GROUP_CLASSES}
+    for group, overrides in ((profiles.get(profile) or {}) if profile != "full" else {}).items():
+        merged[group] = _merge(_GROUP_CLASSES[group], merged[group] or {}, overrides or {})
+
+    groups = {group: _build(cls, merged[group], group, source) for group, cls in _GROUP_CLASSES.items()}
+    config = Config(profile=profile, **groups)
+    _check_relations(config, source)
+    return config
+
+
+def _check_overrides(overrides: Any, path: str, source: str) -> None:
+    """Overrides may set any known key, with a value of the right type."""
+    if overrides is None:
+        return
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{source}: {path}: expected a mapping of group -> overrides, got {_show(overrides)}")
+    for group, values in overrides.items():
+        if group not in _GROUP_CLASSES:
+            raise ConfigError(f"{source}: {path}.{group}: unknown group (expected one of "
+                              f"{', '.join(_GROUP_CLASSES)})")
+        _build(_GROUP_CLASSES[group], values, f"{path}.{group}", source, partial=True)
+
+
+def _build(cls: type, data: Any, path: str, source: str, partial: bool = False):
+    if data is None and not partial:
+        raise ConfigError(f"{source}: {path}: missing group")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {path}: expected a mapping, got {_show(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            raise ConfigError(f"{source}: {path}.{key}: unknown key (expected one of {', '.join(fields)})")
+    values = {}
+    for name, f in fields.items():
+        if name not in data:
+            if partial:
+                continue
+            raise ConfigError(f"{source}: {path}.{name}: missing key")
+        values[name] = _check_value(data[name], hints[name], f.metadata, f"{path}.{name}", source, partial)
+    return values if partial else cls(**values)
+
+
+def _check_value(value: Any, hint: Any, bounds: Any, path: str, source: str, partial: bool) -> Any:
+    def fail(expected: str):
+        raise ConfigError(f"{source}: {path}: expected {expected}, got {_show(value)}")
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path, source, partial)
+    if origin is Literal:
+        if value not in args:
+            fail("one of " + ", ".join(str(a) for a in args))
+        return value
+    if origin in (types.UnionType, typing.Union):  # `X | None`
+        if value is None:
+            return None
+        return _check_value(value, next(a for a in args if a is not type(None)), bounds, path, source, partial)
+    if origin is list:
+        if not isinstance(value, list):
+            fail("a list")
+        return [_check_value(v, args[0], {}, f"{path}[{i}]", source, partial) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not value:
+            fail("a non-empty mapping of name -> number")
+        return {str(k): _check_value(v, args[1], {"ge": 0}, f"{path}.{k}", source, partial)
+                for k, v in value.items()}
+    if hint is bool:
+        if not isinstance(value, bool):
+            fail("true or false")
+        return value
+    if hint is str:
+        if not isinstance(value, str) or not value:
+            fail("a non-empty string")
+        return value
+    if hint is int:
+        kind = "an integer"
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail(kind + _bounds_text(bounds))
+    elif hint is float:
+        kind = "a number"
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            fail(kind + _bounds_text(bounds))
+        value = float(value)
+    else:  # pragma: no cover - a schema mistake, not a user one
+        raise TypeError(f"unsupported params type {hint!r} at {path}")
+    ge, gt, le = (bounds or {}).get("ge"), (bounds or {}).get("gt"), (bounds or {}).get("le")
+    if (ge is not None and value < ge) or (gt is not None and value <= gt) or (le is not None and value > le):
+        fail(kind + _bounds_text(bounds))
+    return value
+
+
+def _bounds_text(bounds: Any) -> str:
+    parts = []
+    if bounds and bounds.get("ge") is not None:
+        parts.append(f">= {bounds['ge']:g}")
+    if bounds and bounds.get("gt") is not None:
+        parts.append(f"> {bounds['gt']:g}")
+    if bounds and bounds.get("le") is not None:
+        parts.append(f"<= {bounds['le']:g}")
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def _check_relations(config: Config, source: str) -> None:
+    """Constraints between keys, named by the key that has to change."""
+
+    def fail(key: str, message: str):
+        raise ConfigError(f"{source}: {key}: {message}")
+
+    m, g, t, e, x = config.model, config.generate, config.train, config.evaluate, config.export
+    if m.min_pixels > m.max_pixels:
+        fail("model.min_pixels", f"must be <= model.max_pixels ({m.min_pixels} > {m.max_pixels})")
+    if g.min_count > g.max_count:
+        fail("generate.min_count", f"must be <= generate.max_count ({g.min_count} > {g.max_count})")
+    if g.ood_min_count <= g.max_count:
+        fail("generate.ood_min_count", f"must exceed the training range, generate.max_count = {g.max_count}"
+             f" (got {g.ood_min_count})")
+    if g.ood_min_count > g.ood_max_count:
+        fail("generate.ood_min_count", f"must be <= generate.ood_max_count ({g.ood_min_count} > "
+             f"{g.ood_max_count})")
+    if g.min_shape_size > g.max_shape_size:
+        fail("generate.min_shape_size", f"must be <= generate.max_shape_size ({g.min_shape_size} > "
+             f"{g.max_shape_size})")
+    if g.max_shape_size + 2 * g.min_gap > g.image_size:
+        fail("generate.max_shape_size", f"does not fit in a {g.image_size}px image")
+    colours = dataclasses.asdict(g.colours)
+    if len(set(colours.values())) < len(colours):
+        fail("generate.colours", f"each shape needs its own colour, got {colours} (the label check counts "
+             "connected regions per colour)")
+    for name in t.rewards:
+        if name not in REWARD_NAMES:
+            fail(f"train.rewards.{name}", f"unknown reward (expected one of {', '.join(REWARD_NAMES)})")
+    generation_batch = t.per_device_train_batch_size * t.gradient_accumulation_steps * t.num_processes
+    if generation_batch % t.num_generations:
+        fail("train.num_generations", f"{t.num_generations} does not divide the generation batch "
+             f"{generation_batch} (per_device_train_batch_size {t.per_device_train_batch_size} x "
+             f"gradient_accumulation_steps {t.gradient_accumulation_steps} x num_processes {t.num_processes})")
+    if not e.splits:
+        fail("evaluate.splits", f"expected at least one of {', '.join(SPLITS)}")
+    for q in x.quantizations:
+        if q not in QUANTIZATIONS:
+            fail("export.quantizations", f"unknown quantization {q!r} (expected one of "
+                 f"{', '.join(QUANTIZATIONS)})")
+
+
+def _merge(cls: type, base: dict, overrides: dict) -> dict:
+    """Overrides replace values key by key; nested groups (generate.colours) merge, maps (train.rewards)
+    are replaced whole so a profile can drop a reward."""
+    out = dict(base)
+    hints = typing.get_type_hints(cls)
+    for key, value in overrides.items():
+        nested = dataclasses.is_dataclass(hints.get(key)) and isinstance(out.get(key), dict)
+        out[key] = _merge(hints[key], out[key], value) if nested else value
+    return out
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,65 @@
+"""The one prompt and answer format, shared by `generate` (the dataset's prompt column), `train`,
+`evaluate` and `smoke`, so base, trained and GGUF models always see the identical text.
+
+The answer format is `<REASONING>...</REASONING><SOLUTION>n</SOLUTION>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+REASONING_START, REASONING_END = "<REASONING>", "</REASONING>"
+SOLUTION_START, SOLUTION_END = "<SOLUTION>", "</SOLUTION>"
+
+INSTRUCTION = (
+    f"First describe the shapes you see and reason about the count between {REASONING_START} and "
+    f"{REASONING_END}. Then give only the final number between {SOLUTION_START} and {SOLUTION_END}."
+)
+
+_SOLUTION = re.compile(re.escape(SOLUTION_START) + r"(.*?)" + re.escape(SOLUTION_END), re.DOTALL)
+# At most 9 digits: longer runs are not counts (and int() refuses strings of over 4300 digits).
+_INTEGER = re.compile(r"(?<!\d)-?\d{1,9}(?!\d)")
+
+
+def question_for(shape: str) -> str:
+    return f"How many {shape} are in the image?"
+
+
+def prompt_text(question: str) -> str:
+    return f"{question} {INSTRUCTION}"
+
+
+def conversation(question: str) -> list[dict]:
+    """The prompt column TRL reads; TRL puts the `image` column in front of the text."""
+    return [{"role": "user", "content": prompt_text(question)}]
+
+
+def hf_messages(question: str, image) -> list[dict]:
+    """The same prompt for a transformers processor: the image first, then the text (as TRL does)."""
+    return [{"role": "user", "content": [{"type": "image", "image": image},
+                                         {"type": "text", "text": prompt_text(question)}]}]
+
+
+def llama_cpp_messages(question: str, image) -> list[dict]:
+    """The same prompt for llama-cpp-python's chat API (image as a PNG data URI)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}},
+                                         {"type": "text", "text": prompt_text(question)}]}]
+
+
+def parse_answer(completion: str) -> int | None:
+    """The answer a completion gives: the integer in its single `<SOLUTION>` block, else the last
+    integer anywhere in it, else None. Evaluation accuracy uses this rule."""
+    if not isinstance(completion, str):
+        return None
+    solutions = _SOLUTION.findall(completion)
+    if len(solutions) == 1:
+        numbers = _INTEGER.findall(solutions[0])
+        if len(numbers) == 1:
+            return int(numbers[0])
+    numbers = _INTEGER.findall(completion)
+    return int(numbers[-1]) if numbers else None
