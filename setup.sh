@@ -23,7 +23,9 @@ fi
 .venv/bin/python -m pip install --quiet -e ".[dev${extras:+,$extras}]"
 
 # llama.cpp's converter + gguf-py + vocab files, from the sdist of the installed llama-cpp-python.
-if [ ! -f .venv/llama.cpp/convert_hf_to_gguf.py ]; then
+# VERSION names the sdist and what we take from it; bump the suffix when that list changes.
+llama_files_version="${llama_version}+files2"
+if [ "$(cat .venv/llama.cpp/VERSION 2>/dev/null)" != "$llama_files_version" ]; then
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: \
@@ -32,10 +34,11 @@ if [ ! -f .venv/llama.cpp/convert_hf_to_gguf.py ]; then
     src="llama_cpp_python-${llama_version}/vendor/llama.cpp"
     tar -xzf "$tmp/llama_cpp_python-${llama_version}.tar.gz" -C "$tmp" \
         "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$src/LICENSE" \
-        "$src/models/ggml-vocab-qwen2.gguf"
-    rm -rf .venv/llama.cpp.partial
-    mv "$tmp/$src" .venv/llama.cpp.partial
-    mv .venv/llama.cpp.partial .venv/llama.cpp
+        "$src/models/ggml-vocab-qwen2.gguf" "$src/models/ggml-vocab-qwen2.gguf.inp" \
+        "$src/models/ggml-vocab-qwen2.gguf.out"
+    echo "$llama_files_version" > "$tmp/$src/VERSION"
+    rm -rf .venv/llama.cpp
+    mv "$tmp/$src" .venv/llama.cpp
 fi
 
 echo "$want" > "$stamp"

@@ -13,8 +13,6 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from vgrpo.config import COLOURS, SHAPES, SPLITS, GenerateParams, VgrpoError
+from vgrpo.files import atomic_dir
 from vgrpo.prompts import conversation, question_for
 
 _EIGHT_CONNECTED = np.ones((3, 3), dtype=bool)
@@ -87,12 +86,14 @@ def _try_place(order, sides, params: GenerateParams, rng: np.random.Generator):
 
 
 def render(boxes, params: GenerateParams) -> Image.Image:
-    """Draw each shape inside its box, without anti-aliasing so fill colours stay exact."""
-    image = Image.new("RGB", (params.image_size, params.image_size), "white")
-    draw = ImageDraw.Draw(image)
+    """Draw each shape inside its box, without anti-aliasing, on a 4-colour palette image (white plus
+    one colour per shape), so fill colours stay exact and PNG encoding is cheap."""
     colours = dataclasses.asdict(params.colours)
+    image = Image.new("P", (params.image_size, params.image_size), 0)
+    image.putpalette([255, 255, 255, *(c for shape in SHAPES for c in COLOURS[colours[shape]])])
+    draw = ImageDraw.Draw(image)
     for shape, x, y, side in boxes:
-        fill = COLOURS[colours[shape]]
+        fill = SHAPES.index(shape) + 1
         x1, y1 = x + side - 1, y + side - 1
         if shape == "circles":
             draw.ellipse((x, y, x1, y1), fill=fill)
@@ -106,22 +107,25 @@ def render(boxes, params: GenerateParams) -> Image.Image:
 def count_shapes(pixels: np.ndarray, params: GenerateParams) -> dict[str, int]:
     """Independent counter: 8-connected regions of each shape's fill colour."""
     colours = dataclasses.asdict(params.colours)
+    red, green, blue = pixels[..., 0], pixels[..., 1], pixels[..., 2]
     counts = {}
     for shape in SHAPES:
-        mask = (pixels == np.array(COLOURS[colours[shape]], dtype=np.uint8)).all(axis=-1)
+        r, g, b = COLOURS[colours[shape]]
+        mask = (red == r) & (green == g) & (blue == b)
         counts[shape] = int(ndimage.label(mask, structure=_EIGHT_CONNECTED)[1])
     return counts
 
 
 def make_sample(counts: dict[str, int], target_shape: str, params: GenerateParams,
                 rng: np.random.Generator) -> Sample:
-    image = render(place_boxes(counts, params, rng), params)
-    seen = count_shapes(np.asarray(image), params)
+    buffer = io.BytesIO()
+    render(place_boxes(counts, params, rng), params).save(buffer, format="PNG", compress_level=1)
+    png = buffer.getvalue()
+    # Count what will be stored: the PNG decoded back to RGB, as a model's processor will see it.
+    seen = count_shapes(np.asarray(Image.open(io.BytesIO(png)).convert("RGB")), params)
     if seen != counts:
         raise LabelError(f"label check failed: rendered {counts}, counted {seen}")
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG", compress_level=1)
-    return Sample(buffer.getvalue(), dict(counts), target_shape)
+    return Sample(png, dict(counts), target_shape)
 
 
 def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Generator):
@@ -172,6 +176,7 @@ def generate_samples(params: GenerateParams, progress=None) -> dict[str, list[Sa
 def to_dataset_dict(samples: dict[str, list[Sample]]):
     import datasets
 
+    datasets.disable_progress_bars()
     features = datasets.Features({
         "id": datasets.Value("string"),
         "image": datasets.Image(),
@@ -248,21 +253,12 @@ def preview(samples: dict[str, list[Sample]], params: GenerateParams, n: int = 1
 def write_dataset(samples: dict[str, list[Sample]], params: GenerateParams, out_dir: str | Path) -> dict:
     """Save the DatasetDict, stats.json and preview.png into a temp dir next to `out_dir`, then swap it
     in with a rename, so an interrupted run never leaves half a dataset."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     summary = stats(samples, params)
-    dataset = to_dataset_dict(samples)
-    dataset.save_to_disk(str(tmp))
-    _pin_fingerprints(tmp, summary["fingerprint"])
-    (tmp / "stats.json").write_text(json.dumps(summary, indent=2) + "\n")
-    preview(samples, params).save(tmp / "preview.png", optimize=False)
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-    if out_dir.exists():
-        out_dir.rename(old)
-    tmp.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    with atomic_dir(out_dir) as tmp:
+        to_dataset_dict(samples).save_to_disk(str(tmp))
+        _pin_fingerprints(tmp, summary["fingerprint"])
+        (tmp / "stats.json").write_text(json.dumps(summary, indent=2) + "\n")
+        preview(samples, params).save(tmp / "preview.png", optimize=False)
     return summary
 
 

@@ -1,0 +1,92 @@
+"""Shared test helpers: the repo's params, the cached tiny model, and throwaway DVC repos."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+# What a pipeline needs to run: copied (not linked) so tests can edit freely.
+PIPELINE_FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", "data/.gitignore"]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def load_params() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+@pytest.fixture
+def params() -> dict:
+    """A fresh, editable copy of params.yaml."""
+    return copy.deepcopy(load_params())
+
+
+def write_params(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def tiny_params(**overrides) -> dict:
+    """params.yaml with the tiny profile selected, plus `group: {key: value}` overrides."""
+    raw = load_params()
+    raw["profile"] = "tiny"
+    for group, values in overrides.items():
+        raw["profiles"]["tiny"].setdefault(group, {}).update(values)
+    return raw
+
+
+def run(cmd: list[str] | str, cwd: Path, check: bool = True, env: dict | None = None, timeout: float = 1800):
+    """Run a command with the venv on PATH and `cwd` first on PYTHONPATH (its own vgrpo copy)."""
+    full_env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(cwd),
+                **(env or {})}
+    result = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+                            shell=isinstance(cmd, str))
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
+
+
+def stage(name: str, *args: str, cwd: Path = ROOT, check: bool = False, env: dict | None = None):
+    """Run `python stages/<name>.py args...` as DVC would."""
+    return run([sys.executable, str(ROOT / "stages" / f"{name}.py"), *args], cwd=cwd, check=check, env=env)
+
+
+def make_pipeline_repo(dest: Path) -> Path:
+    """A throwaway git + DVC repo holding this pipeline, with one commit (dvc exp run needs it)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in PIPELINE_FILES:
+        src = ROOT / rel
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dest / rel)
+    run(["git", "init", "-q", "-b", "main"], dest)
+    run(["git", "config", "user.email", "tests@example.com"], dest)
+    run(["git", "config", "user.name", "tests"], dest)
+    if not (dest / ".dvc").is_dir() or not (dest / ".dvc" / ".gitignore").exists():
+        run(["dvc", "init", "-q", "--force"], dest)
+    run(["dvc", "config", "core.analytics", "false"], dest)
+    run(["git", "add", "-A"], dest)
+    run(["git", "commit", "-qm", "pipeline"], dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The cached tiny Qwen3-VL (built once per machine, ~30 s the first time)."""
+    from vgrpo.tiny import tiny_model_dir as build
+
+    return build(seed=0)

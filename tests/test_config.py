@@ -1,0 +1,153 @@
+"""params.yaml is validated once, with one line that names the key; profiles merge key by key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT, load_params, stage, write_params
+
+from vgrpo.config import QUANTIZATIONS, ConfigError, config_from_dict, load_config
+
+
+def set_key(raw: dict, dotted: str, value) -> dict:
+    *parents, last = dotted.split(".")
+    node = raw
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return raw
+
+
+def del_key(raw: dict, dotted: str) -> dict:
+    *parents, last = dotted.split(".")
+    node = raw
+    for key in parents:
+        node = node[key]
+    del node[last]
+    return raw
+
+
+BAD_INPUTS = [
+    # (what is wrong, edit, exact message or the start of it)
+    ("below minimum", lambda r: set_key(r, "generate.val_size", -3),
+     "params.yaml: generate.val_size: expected an integer >= 1, got -3"),
+    ("unknown key", lambda r: set_key(r, "generate.colour_mode", "rgb"),
+     "params.yaml: generate.colour_mode: unknown key (expected one of seed, image_size"),
+    ("unknown top-level key", lambda r: set_key(r, "trian", {}), "params.yaml: trian: unknown key"),
+    ("string for a number", lambda r: set_key(r, "train.learning_rate", "fast"),
+     "params.yaml: train.learning_rate: expected a number > 0, got 'fast'"),
+    ("bool for an integer", lambda r: set_key(r, "generate.seed", True),
+     "params.yaml: generate.seed: expected an integer >= 0, got True"),
+    ("float for an integer", lambda r: set_key(r, "evaluate.batch_size", 2.5),
+     "params.yaml: evaluate.batch_size: expected an integer >= 1, got 2.5"),
+    ("missing key", lambda r: del_key(r, "train.seed"), "params.yaml: train.seed: missing key"),
+    ("missing group", lambda r: del_key(r, "evaluate"), "params.yaml: evaluate: missing group"),
+    ("value not among choices", lambda r: set_key(r, "train.backend", "jax"),
+     "params.yaml: train.backend: expected one of auto, unsloth, hf, got 'jax'"),
+    ("number above maximum", lambda r: set_key(r, "train.lora_dropout", 1.5),
+     "params.yaml: train.lora_dropout: expected a number >= 0 and <= 1, got 1.5"),
+    ("unknown profile", lambda r: set_key(r, "profile", "huge"),
+     "params.yaml: profile: unknown profile 'huge' (expected one of full, tiny, book)"),
+    ("unknown group in a profile", lambda r: set_key(r, "profiles.tiny.trainer", {"seed": 1}),
+     "params.yaml: profiles.tiny.trainer: unknown group"),
+    ("unknown key in a profile", lambda r: set_key(r, "profiles.tiny.train.lr", 0.1),
+     "params.yaml: profiles.tiny.train.lr: unknown key"),
+    ("bad value in an unselected profile", lambda r: set_key(r, "profiles.book.train.beta", -1),
+     "params.yaml: profiles.book.train.beta: expected a number >= 0, got -1"),
+    ("bad list element", lambda r: set_key(r, "evaluate.splits", ["val", "holdout"]),
+     "params.yaml: evaluate.splits[1]: expected one of train, val, test, ood, got 'holdout'"),
+    ("group that is not a mapping", lambda r: set_key(r, "smoke", [1, 2]),
+     "params.yaml: smoke: expected a mapping, got [1, 2]"),
+    ("ood range inside the training range", lambda r: set_key(r, "generate.ood_min_count", 4),
+     "params.yaml: generate.ood_min_count: must exceed the training range"),
+    ("shared colour", lambda r: set_key(r, "generate.colours.circles", "red"),
+     "params.yaml: generate.colours: each shape needs its own colour"),
+    ("unknown reward", lambda r: set_key(r, "train.rewards", {"correctness_tags": 1.0, "vibes": 1.0}),
+     "params.yaml: train.rewards.vibes: unknown reward (expected one of correctness_tags, format_tags"),
+    ("negative reward weight", lambda r: set_key(r, "train.rewards", {"format_tags": -1}),
+     "params.yaml: train.rewards.format_tags: expected a number >= 0, got -1"),
+    ("group size that does not divide the batch", lambda r: set_key(r, "train.num_generations", 3),
+     "params.yaml: train.num_generations: 3 does not divide the generation batch 2"),
+    ("unknown quantization", lambda r: set_key(r, "export.quantizations", ["q4_k_m", "q4_k_xl"]),
+     "params.yaml: export.quantizations: unknown quantization 'q4_k_xl' (expected one of q4_0"),
+    ("shape larger than the image", lambda r: set_key(r, "generate.max_shape_size", 300),
+     "params.yaml: generate.max_shape_size: does not fit in a 256px image"),
+]
+
+
+@pytest.mark.parametrize("what, edit, message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_params_name_the_key(what, edit, message):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(edit(load_params()))
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith(message), text
+
+
+def test_the_repo_params_and_every_profile_are_valid():
+    raw = load_params()
+    for profile in ["full", *raw["profiles"]]:
+        config = config_from_dict({**raw, "profile": profile})
+        assert config.profile == profile
+    full = config_from_dict(raw)
+    assert full.model.name == "Qwen/Qwen3-VL-8B-Instruct"
+    assert (full.generate.train_size, full.generate.val_size, full.generate.test_size, full.generate.ood_size) >= (
+        500, 100, 100, 100)
+
+
+def test_profile_overrides_key_by_key():
+    raw = load_params()
+    tiny = config_from_dict({**raw, "profile": "tiny"})
+    assert tiny.model.name == "tiny"
+    assert tiny.train.max_steps == raw["profiles"]["tiny"]["train"]["max_steps"]
+    assert tiny.train.lora_r == raw["train"]["lora_r"]  # not overridden: the base value
+    assert tiny.generate.colours.circles == "blue"
+
+
+def test_profile_replaces_reward_table_whole():
+    raw = load_params()
+    raw["profiles"]["tiny"]["train"]["rewards"] = {"correctness_free": 2.0}
+    tiny = config_from_dict({**raw, "profile": "tiny"})
+    assert tiny.train.rewards == {"correctness_free": 2.0}
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text("generate: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"params.yaml: not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"nowhere.yaml: file not found"):
+        load_config(tmp_path / "nowhere.yaml")
+
+
+def test_quantization_names_match_llama_cpp():
+    import llama_cpp
+
+    for name, ftype in QUANTIZATIONS.items():
+        assert getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name.upper()}") == ftype
+
+
+def test_stage_exits_2_with_one_line_before_heavy_imports(tmp_path):
+    raw = set_key(load_params(), "generate.val_size", -3)
+    params = write_params(tmp_path / "params.yaml", raw)
+    result = stage("generate", "--params", str(params), "--out", str(tmp_path / "shapes"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: params.yaml: generate.val_size: expected an integer >= 1, got -3"]
+    assert not (tmp_path / "shapes").exists()
+
+
+def test_validation_imports_nothing_heavy():
+    code = ("import sys; from vgrpo.config import load_config; load_config('params.yaml'); "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'trl') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_params_file_has_one_group_per_stage():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert raw["profile"] == "full"
+    assert {"model", "generate", "train", "evaluate", "export", "smoke", "profiles"} <= set(raw)

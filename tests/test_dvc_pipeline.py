@@ -1,0 +1,66 @@
+"""Real DVC in a throwaway git repo: stages rerun exactly when their own inputs change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import ROOT, load_params, make_pipeline_repo, run, write_params
+
+# The params groups each stage reads (besides `profile`).
+STAGE_GROUPS = {"generate": ["generate"]}
+
+
+def test_each_stage_tracks_exactly_the_params_it_reads():
+    pipeline = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    raw = load_params()
+    for name, groups in STAGE_GROUPS.items():
+        expected = {"profile", *groups}
+        expected |= {f"profiles.{p}.{g}" for p, overrides in raw["profiles"].items() for g in groups
+                     if g in (overrides or {})}
+        assert set(pipeline[name]["params"]) == expected, name
+        assert f"stages/{name}.py" in pipeline[name]["deps"]
+        assert pipeline[name]["cmd"].startswith(f"python stages/{name}.py")
+
+
+@pytest.fixture
+def repo(tmp_path):
+    path = make_pipeline_repo(tmp_path / "repo")
+    raw = load_params()
+    raw["generate"].update(train_size=30, val_size=10, test_size=10, ood_size=12)
+    write_params(path / "params.yaml", raw)
+    run(["git", "commit", "-qam", "small dataset"], path)
+    return path
+
+
+def repro(repo, *args):
+    return run(["dvc", "repro", *args], repo).stdout
+
+
+def test_generate_reruns_only_when_its_params_change(repo):
+    first = repro(repo, "generate")
+    assert "Running stage 'generate'" in first
+    assert json.loads((repo / "data/shapes/stats.json").read_text())["images"] == 62
+
+    assert "Running stage" not in repro(repo, "generate")  # nothing changed
+
+    raw = yaml.safe_load((repo / "params.yaml").read_text())
+    raw["evaluate"]["batch_size"] = 3  # a param generate does not read
+    write_params(repo / "params.yaml", raw)
+    assert "Running stage" not in repro(repo, "generate")
+
+    before = json.loads((repo / "data/shapes/stats.json").read_text())["fingerprint"]
+    raw["generate"]["seed"] = 7
+    write_params(repo / "params.yaml", raw)
+    assert "Running stage 'generate'" in repro(repo, "generate")
+    assert json.loads((repo / "data/shapes/stats.json").read_text())["fingerprint"] != before
+
+
+def test_exp_run_tiny_profile_builds_the_dataset(repo):
+    result = run(["dvc", "exp", "run", "-S", "profile=tiny", "generate"], repo)
+    assert "Running stage 'generate'" in result.stdout
+    stats = json.loads((repo / "data/shapes/stats.json").read_text())
+    tiny = load_params()["profiles"]["tiny"]["generate"]
+    assert stats["splits"]["train"]["size"] == tiny["train_size"]
+    assert "tiny" in run(["dvc", "exp", "show", "--no-pager", "--md"], repo).stdout
