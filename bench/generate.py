@@ -58,7 +58,7 @@ def main(images: int, params_path: str) -> None:
         rng = np.random.default_rng(0)
         start = time.perf_counter()
         naive = {"train": [naive_sample(params, rng) for _ in range(images)]}
-        shapes.to_dataset_dict(naive).save_to_disk(str(Path(tmp) / "naive"))
+        shapes.to_dataset_dict(naive, params).save_to_disk(str(Path(tmp) / "naive"))
         unverified = images / (time.perf_counter() - start)
 
     wrong = sum(shapes.count_shapes(np.asarray(Image.open(io.BytesIO(s.image_png)).convert("RGB")), params)

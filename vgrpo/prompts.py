@@ -20,7 +20,7 @@ INSTRUCTION = (
 
 _SOLUTION = re.compile(re.escape(SOLUTION_START) + r"(.*?)" + re.escape(SOLUTION_END), re.DOTALL)
 # At most 9 digits: longer runs are not counts (and int() refuses strings of over 4300 digits).
-_INTEGER = re.compile(r"(?<!\d)-?\d{1,9}(?!\d)")
+INTEGER = re.compile(r"(?<!\d)-?\d{1,9}(?!\d)")
 
 
 def question_for(shape: str) -> str:
@@ -58,8 +58,8 @@ def parse_answer(completion: str) -> int | None:
         return None
     solutions = _SOLUTION.findall(completion)
     if len(solutions) == 1:
-        numbers = _INTEGER.findall(solutions[0])
+        numbers = INTEGER.findall(solutions[0])
         if len(numbers) == 1:
             return int(numbers[0])
-    numbers = _INTEGER.findall(completion)
+    numbers = INTEGER.findall(completion)
     return int(numbers[-1]) if numbers else None

@@ -173,7 +173,7 @@ def generate_samples(params: GenerateParams, progress=None) -> dict[str, list[Sa
     return out
 
 
-def to_dataset_dict(samples: dict[str, list[Sample]]):
+def to_dataset_dict(samples: dict[str, list[Sample]], params: GenerateParams):
     import datasets
 
     datasets.disable_progress_bars()
@@ -183,6 +183,7 @@ def to_dataset_dict(samples: dict[str, list[Sample]]):
         "question": datasets.Value("string"),
         "answer": datasets.Value("string"),
         "target_shape": datasets.Value("string"),
+        "target_colour": datasets.Value("string"),
         "counts": {shape: datasets.Value("int32") for shape in SHAPES},
         "prompt": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
     })
@@ -194,6 +195,7 @@ def to_dataset_dict(samples: dict[str, list[Sample]]):
             "question": [question_for(s.target_shape) for s in rows],
             "answer": [str(s.counts[s.target_shape]) for s in rows],
             "target_shape": [s.target_shape for s in rows],
+            "target_colour": [getattr(params.colours, s.target_shape) for s in rows],
             "counts": [s.counts for s in rows],
             "prompt": [conversation(question_for(s.target_shape)) for s in rows],
         }
@@ -255,7 +257,7 @@ def write_dataset(samples: dict[str, list[Sample]], params: GenerateParams, out_
     in with a rename, so an interrupted run never leaves half a dataset."""
     summary = stats(samples, params)
     with atomic_dir(out_dir) as tmp:
-        to_dataset_dict(samples).save_to_disk(str(tmp))
+        to_dataset_dict(samples, params).save_to_disk(str(tmp))
         _pin_fingerprints(tmp, summary["fingerprint"])
         (tmp / "stats.json").write_text(json.dumps(summary, indent=2) + "\n")
         preview(samples, params).save(tmp / "preview.png", optimize=False)

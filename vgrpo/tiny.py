@@ -27,7 +27,7 @@ from transformers import (
 from vgrpo.files import atomic_dir
 from vgrpo.vendor import cache_dir, llama_cpp_dir
 
-BUILDER_VERSION = 2  # bump when the recipe below changes, so cached models are rebuilt
+BUILDER_VERSION = 3  # bump when the recipe below changes, so cached models are rebuilt
 VOCAB_FILE = "ggml-vocab-qwen2.gguf"
 CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
 
@@ -89,9 +89,9 @@ def build_tiny_model(out_dir: Path, seed: int = 0, min_pixels: int = 65536, max_
     processor = build_processor(min_pixels, max_pixels)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**TINY_CONFIG)).to(torch.float32).eval()
-    model.generation_config.eos_token_id = [processor.tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                                            processor.tokenizer.eos_token_id]
-    model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
+    tokenizer = processor.tokenizer
+    for config in (model.config, model.config.text_config, model.generation_config):
+        config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         processor.save_pretrained(tmp)

@@ -1,0 +1,50 @@
+"""Stage 2: GRPO with LoRA on Qwen3-VL (Unsloth on CUDA, TRL + PEFT elsewhere), rule-based rewards,
+DVCLive curves, checkpoints every `train.save_steps`, and the final adapter.
+
+    python stages/train.py                                  # params.yaml -> models/adapter
+    dvc exp run -S profile=tiny                             # the whole pipeline on a CPU
+    dvc exp run -S train.resume=true                        # continue from checkpoints/
+"""
+
+from pathlib import Path
+
+import click
+
+from vgrpo.cli import quiet_libraries, user_errors
+from vgrpo.config import load_config
+
+
+@click.command()
+@click.option("--params", "params_path", default="params.yaml", show_default=True, help="Params file.")
+@click.option("--data", "data_dir", default="data/shapes", show_default=True, help="Dataset from `generate`.")
+@click.option("--adapter", "adapter_dir", default="models/adapter", show_default=True, help="LoRA adapter out.")
+@click.option("--checkpoints", "checkpoints_dir", default="checkpoints", show_default=True,
+              help="Trainer checkpoints (kept between runs for train.resume).")
+@click.option("--reports", "reports_dir", default="reports/train", show_default=True, help="DVCLive output.")
+def main(params_path, data_dir, adapter_dir, checkpoints_dir, reports_dir) -> None:
+    """Train the LoRA adapter with GRPO."""
+    with user_errors():
+        config = load_config(params_path)
+        quiet_libraries()
+        import torch
+
+        from vgrpo.backends import check_device_options, import_unsloth, resolve_backend
+        from vgrpo.shapes import load_dataset
+
+        cuda = torch.cuda.is_available()
+        check_device_options(config.train, cuda)
+        load_dataset(data_dir, splits=("train",))  # fail on a missing dataset before any model loads
+        backend = resolve_backend(config.train.backend, cuda)
+        click.echo(f"train: backend {backend} (asked: {config.train.backend}, CUDA: {cuda})")
+        if backend == "unsloth":
+            import_unsloth()  # before transformers/TRL, so its patches apply
+        from vgrpo.training import run_training
+
+        summary = run_training(config, backend, Path(data_dir), Path(adapter_dir), Path(checkpoints_dir),
+                               Path(reports_dir))
+        click.echo(f"train: {summary['steps']} steps in {summary['seconds']} s, final reward "
+                   f"{summary['final_reward']}, adapter in {adapter_dir}")
+
+
+if __name__ == "__main__":
+    main()

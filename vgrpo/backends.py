@@ -1,0 +1,59 @@
+"""Which training backend runs, decided before anything heavy is imported.
+
+`unsloth` (FastVisionModel, CUDA only) or `hf` (transformers + PEFT). `auto` picks unsloth only when
+CUDA is present and unsloth imports. Unsloth patches transformers and TRL when it is imported, so it
+must be imported first, and only on a CUDA machine: CPU machines never import it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import torch
+
+from vgrpo.config import ConfigError, TrainParams
+
+log = logging.getLogger(__name__)
+
+CUDA_ONLY_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
+
+
+def check_device_options(train: TrainParams, cuda: bool) -> None:
+    """Options that only work with CUDA fail here, in one line, before a model loads."""
+    if cuda:
+        return
+    if train.backend == "unsloth":
+        raise ConfigError("params.yaml: train.backend: unsloth needs a CUDA GPU and none is available "
+                          "(use backend: hf or auto on a CPU)")
+    if train.optim in CUDA_ONLY_OPTIMIZERS:
+        raise ConfigError(f"params.yaml: train.optim: {train.optim} (bitsandbytes) needs a CUDA GPU and none is "
+                          "available (use adamw_torch on a CPU)")
+    if train.load_in_4bit:
+        raise ConfigError("params.yaml: train.load_in_4bit: 4-bit loading needs a CUDA GPU and none is available "
+                          "(set it to false on a CPU)")
+    if train.use_vllm:
+        raise ConfigError("params.yaml: train.use_vllm: vLLM needs a CUDA GPU and none is available "
+                          "(set it to false on a CPU)")
+
+
+def resolve_backend(requested: str, cuda: bool | None = None) -> str:
+    """The backend to use: `requested`, or for `auto` unsloth when CUDA is present and it imports."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if requested != "auto":
+        return requested
+    if not cuda:
+        log.info("backend auto -> hf (no CUDA)")
+        return "hf"
+    try:
+        importlib.import_module("unsloth")
+    except Exception as err:  # noqa: BLE001 - any import failure means: fall back to hf
+        log.warning("backend auto -> hf (unsloth does not import: %s)", err)
+        return "hf"
+    log.info("backend auto -> unsloth")
+    return "unsloth"
+
+
+def import_unsloth():
+    """Import unsloth before transformers/TRL are used, so its patches apply."""
+    return importlib.import_module("unsloth")

@@ -1,0 +1,135 @@
+"""Load the base model and processor and attach LoRA: one code path for the tiny model and the 8B.
+
+The `hf` backend is transformers' `AutoModelForImageTextToText` + PEFT `LoraConfig`; the `unsloth`
+backend is `FastVisionModel` (CUDA only, imported lazily). Both put LoRA on the same modules: the
+language decoder's and the vision tower's attention and MLP projections, each part switchable.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from vgrpo.config import ConfigError, ModelParams, TrainParams
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Module names in Qwen3VLForConditionalGeneration (8B and tiny alike).
+TEXT_ATTENTION = r"model\.language_model\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj|o_proj)"
+TEXT_MLP = r"model\.language_model\.layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)"
+VISION_ATTENTION = r"model\.visual\.blocks\.\d+\.attn\.(qkv|proj)"
+VISION_MLP = r"model\.visual\.(blocks\.\d+\.mlp|merger|deepstack_merger_list\.\d+)\.(linear_fc1|linear_fc2)"
+
+
+def base_model_path(model: ModelParams) -> str:
+    """A hub id or directory for `from_pretrained`; `tiny` is built locally (once) into the cache."""
+    if model.name == "tiny":
+        from vgrpo.tiny import tiny_model_dir
+
+        return str(tiny_model_dir(model.tiny_seed, model.min_pixels, model.max_pixels))
+    return model.name
+
+
+def load_processor(path: str, model: ModelParams):
+    """The processor with the image-token budget from params, padding on the left for generation."""
+    processor = AutoProcessor.from_pretrained(path, min_pixels=model.min_pixels, max_pixels=model.max_pixels)
+    processor.tokenizer.padding_side = "left"
+    return processor
+
+
+def load_model(path: str, model: ModelParams, attn_implementation: str | None = None):
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[model.dtype], **kwargs)
+
+
+def lora_target_modules(train: TrainParams) -> str:
+    """A regex (PEFT full-matches it against module names) for the parts LoRA should adapt."""
+    parts = []
+    if train.finetune_language_layers:
+        parts += [TEXT_ATTENTION] * train.finetune_attention_modules + [TEXT_MLP] * train.finetune_mlp_modules
+    if train.finetune_vision_layers:
+        parts += [VISION_ATTENTION] * train.finetune_attention_modules + [VISION_MLP] * train.finetune_mlp_modules
+    if not parts:
+        raise ConfigError("params.yaml: train.finetune_*: LoRA has nothing to adapt (enable language or vision "
+                          "layers, and attention or MLP modules)")
+    return "|".join(f"(?:{p})" for p in parts)
+
+
+def is_vision_parameter(name: str) -> bool:
+    return ".visual." in name or name.startswith("visual.")
+
+
+def load_for_training(model: ModelParams, train: TrainParams, backend: str):
+    """Base model with LoRA attached, and its processor."""
+    path = base_model_path(model)
+    if backend == "unsloth":
+        peft_model, processor = _unsloth_lora(path, model, train)
+    else:
+        peft_model, processor = _hf_lora(path, model, train)
+    if train.vision_lr_scale == 0:  # the vision LoRA stays at its (identity) initialisation
+        for name, parameter in peft_model.named_parameters():
+            if is_vision_parameter(name) and "lora_" in name:
+                parameter.requires_grad_(False)
+    return peft_model, processor
+
+
+def _hf_lora(path: str, model: ModelParams, train: TrainParams):
+    from peft import LoraConfig, get_peft_model
+
+    base = load_model(path, model)
+    config = LoraConfig(r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout,
+                        bias=train.lora_bias, target_modules=lora_target_modules(train))
+    torch.manual_seed(train.seed)  # LoRA A matrices are random: same seed, same adapter
+    peft_model = get_peft_model(base, config)
+    if train.gradient_checkpointing:
+        peft_model.enable_input_require_grads()
+    return peft_model, load_processor(path, model)
+
+
+def _unsloth_lora(path: str, model: ModelParams, train: TrainParams):
+    from unsloth import FastVisionModel
+
+    checkpointing = "unsloth" if train.gradient_checkpointing else False
+    base, processor = FastVisionModel.from_pretrained(
+        path, load_in_4bit=train.load_in_4bit, use_gradient_checkpointing=checkpointing,
+        dtype=None if train.load_in_4bit else DTYPES[model.dtype],
+    )
+    peft_model = FastVisionModel.get_peft_model(
+        base,
+        finetune_vision_layers=train.finetune_vision_layers,
+        finetune_language_layers=train.finetune_language_layers,
+        finetune_attention_modules=train.finetune_attention_modules,
+        finetune_mlp_modules=train.finetune_mlp_modules,
+        r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout, bias=train.lora_bias,
+        random_state=train.seed, use_gradient_checkpointing=checkpointing,
+    )
+    processor.image_processor.size = {"shortest_edge": model.min_pixels, "longest_edge": model.max_pixels}
+    processor.tokenizer.padding_side = "left"
+    return peft_model, processor
+
+
+def optimizer_groups(model: torch.nn.Module, learning_rate: float, weight_decay: float, vision_lr_scale: float):
+    """Parameter groups: the decoder's LoRA at `learning_rate`, the vision tower's at
+    `learning_rate * vision_lr_scale` (absent when 0: frozen). Biases and norms get no weight decay."""
+    groups: dict[tuple[str, bool], list] = {}
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        part = "vision" if is_vision_parameter(name) else "language"
+        groups.setdefault((part, parameter.ndim >= 2), []).append(parameter)
+    rates = {"language": learning_rate, "vision": learning_rate * vision_lr_scale}
+    return [{"params": params, "lr": rates[part], "weight_decay": weight_decay if decays else 0.0, "name": part}
+            for (part, decays), params in sorted(groups.items()) if rates[part] > 0]
+
+
+def trainable_summary(model: torch.nn.Module) -> dict[str, int]:
+    counts = {"language": 0, "vision": 0}
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            counts["vision" if is_vision_parameter(name) else "language"] += parameter.numel()
+    return counts
+
