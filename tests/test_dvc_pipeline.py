@@ -9,7 +9,7 @@ import yaml
 from conftest import ROOT, load_params, make_pipeline_repo, run, write_params
 
 # The params groups each stage reads (besides `profile`).
-STAGE_GROUPS = {"generate": ["generate"]}
+STAGE_GROUPS = {"generate": ["generate"], "train": ["model", "train"]}
 
 
 def test_each_stage_tracks_exactly_the_params_it_reads():
@@ -64,3 +64,14 @@ def test_exp_run_tiny_profile_builds_the_dataset(repo):
     tiny = load_params()["profiles"]["tiny"]["generate"]
     assert stats["splits"]["train"]["size"] == tiny["train_size"]
     assert "tiny" in run(["dvc", "exp", "show", "--no-pager", "--md"], repo).stdout
+
+
+def test_exp_run_tiny_profile_trains(repo):
+    result = run(["dvc", "exp", "run", "-S", "profile=tiny", "train"], repo)
+    assert "Running stage 'generate'" in result.stdout and "Running stage 'train'" in result.stdout
+    assert (repo / "models/adapter/adapter_model.safetensors").exists()
+    metrics = json.loads((repo / "reports/train/metrics.json").read_text())
+    assert metrics["backend"] == "hf"
+    assert (repo / "reports/train/plots/metrics/train/reward.tsv").exists()
+    shown = run(["dvc", "metrics", "show", "--json"], repo).stdout
+    assert "reports/train/metrics.json" in shown
