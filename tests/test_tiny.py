@@ -4,13 +4,11 @@ loads and answers through the code path the 8B model uses."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import subprocess
 import sys
 
-import pytest
 from conftest import ROOT
 
 from vgrpo import tiny

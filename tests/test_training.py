@@ -13,7 +13,6 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import ROOT, load_params, stage, tiny_params, write_params
 
 from vgrpo import backends, models
