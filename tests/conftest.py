@@ -90,3 +90,19 @@ def tiny_model_dir() -> Path:
     from vgrpo.tiny import tiny_model_dir as build
 
     return build(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory) -> Path:
+    """The whole pipeline run once on the tiny profile (`dvc exp run -S profile=tiny`) in a throwaway
+    repo. Tests that only read its outputs share it; tests that change things work on `copy_repo`."""
+    repo = make_pipeline_repo(tmp_path_factory.mktemp("pipeline") / "repo")
+    result = run(["dvc", "exp", "run", "-S", "profile=tiny"], repo)
+    (repo / "exp-run.log").write_text(result.stdout + result.stderr)
+    return repo
+
+
+def copy_repo(repo: Path, dest: Path) -> Path:
+    """A full copy (git history, DVC cache, outputs) that a test may change."""
+    shutil.copytree(repo, dest, symlinks=True)
+    return dest

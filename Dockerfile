@@ -1,0 +1,107 @@
+# CUDA image that runs the vgrpo DVC pipeline on a GPU (entrypoint: dvc).
+#
+#   docker build --build-arg USER_UID="$(id -u)" -t vgrpo .
+#   docker run --gpus all -v "$PWD":/workspace -v vgrpo-cache:/home/vgrpo/.cache vgrpo repro
+#   docker run --gpus all -v "$PWD":/workspace vgrpo exp run -S profile=tiny
+#   docker run --gpus all -v "$PWD":/workspace --entrypoint pytest vgrpo -q
+#
+# Mount your clone at /workspace: DVC needs its .git (kept out of the image by .dockerignore) and
+# writes data/, models/ and reports/ there, so outputs land on the host. The cache volume keeps
+# downloaded weights (HF_HOME), the tiny model and compiled kernels between runs. USER_UID should
+# be the uid that owns the clone, or the pipeline cannot write to it.
+# The host needs the NVIDIA Container Toolkit and a driver for CUDA 12.8 (570 or newer).
+
+# devel, not runtime: llama-cpp-python is compiled here with nvcc, and at run time Triton
+# (Unsloth) and DeepSpeed compile kernels, which needs the toolkit and a C compiler. No cuDNN
+# flavour: the torch wheels bring their own cuDNN.
+FROM nvidia/cuda:12.8.1-devel-ubuntu24.04
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Ubuntu 24.04's python3 is 3.12, inside pyproject's >=3.11,<3.13. git: DVC needs it at run time.
+# DL3008: Ubuntu's archive keeps only the newest build of each package, so an exact version pin
+# breaks the build at the next security update; the base tag already fixes the release (noble).
+# safe.directory: the mounted clone may belong to a uid other than the container's user, and git
+# (hence DVC) refuses to work in a repository owned by someone else. The identity is a fallback
+# for `dvc exp run`, which commits experiments to hidden refs: the host's ~/.gitconfig is not in
+# the container, and the clone's own config (or a mounted ~/.gitconfig) takes precedence.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        build-essential \
+        ca-certificates \
+        cmake \
+        git \
+        python3 \
+        python3-dev \
+        python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && git config --system --add safe.directory /workspace \
+    && git config --system user.name vgrpo \
+    && git config --system user.email vgrpo@localhost \
+    && python3 -m venv /opt/venv
+
+# The venv lives outside /workspace so that mounting a clone there does not hide it.
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+
+# The CUDA 12.8 build of torch, before the project: pyproject pins the same versions, which the
+# +cu128 wheels satisfy, so the project install keeps them instead of fetching PyPI's build. Its
+# own layer, so that a pyproject change does not download it again.
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cu128 \
+    torch==2.14.1 \
+    torchvision==0.29.1
+
+# llama-cpp-python from source with CUDA, in its own layer because the compile takes long; the
+# project install below finds the pinned version present and keeps it (deps come from there).
+# - No GPU exists during `docker build`: GGML_NATIVE=off stops -march=native (which would tie the
+#   CPU code to the build host), and the CUDA architectures are named instead of detected.
+#   80 A100/A30, 86 RTX 30xx/A10/A40, 89 RTX 40xx/L4/L40, 90 H100/H200; 90-virtual adds PTX that
+#   newer GPUs (Blackwell) JIT-compile on first use. For an RTX 50xx only:
+#   --build-arg CUDA_ARCHITECTURES=120-real
+# - The driver library libcuda.so.1 comes from the host at run time; CMake links the shared
+#   libraries against the toolkit's stub (lib64/stubs/libcuda.so), and --allow-shlib-undefined
+#   lets any executable that links them leave the driver's symbols for run time (as llama.cpp's
+#   own CUDA image does).
+ARG CUDA_ARCHITECTURES="80-real;86-real;89-real;90-real;90-virtual"
+RUN CMAKE_ARGS="-DGGML_CUDA=on -DGGML_NATIVE=off -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES} -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    pip install --no-cache-dir --no-binary llama-cpp-python --no-deps \
+    llama-cpp-python==0.3.36
+
+WORKDIR /workspace
+
+# Only what setup.sh reads, so editing code does not reinstall everything. The empty vgrpo/ lets
+# the editable install map the package to /workspace/vgrpo, where the real one is copied next
+# (and where a mounted clone puts its own). setup.sh reuses /opt/venv and unpacks llama.cpp's
+# converter into /opt/venv/llama.cpp, where vgrpo.vendor looks for it (sys.prefix).
+# The checks fail the build if the project install replaced the CUDA builds of torch or llama.cpp.
+COPY pyproject.toml setup.sh ./
+RUN mkdir vgrpo \
+    && touch vgrpo/__init__.py \
+    && VENV_DIR=/opt/venv EXTRAS=gpu ./setup.sh \
+    && python -c "import sys, torch; sys.exit(None if torch.__version__.endswith('+cu128') else 'torch ' + torch.__version__ + ' is not the cu128 build')" \
+    && test -n "$(find /opt/venv -name 'libggml-cuda.so*' -print -quit)" \
+    && test -f /opt/venv/llama.cpp/convert_hf_to_gguf.py
+
+# The user comes after the installs: a build-arg invalidates every later layer, and a different
+# USER_UID should not recompile llama.cpp. The base image's `ubuntu` user holds uid 1000, the uid
+# most hosts give their first user, so it makes way. The venv stays root's: read-only at run time.
+ARG USER_UID=1000
+RUN if id ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
+    && groupadd --gid "${USER_UID}" vgrpo \
+    && useradd --create-home --uid "${USER_UID}" --gid "${USER_UID}" --shell /bin/bash vgrpo \
+    && install -d -o vgrpo -g vgrpo /home/vgrpo/.cache /home/vgrpo/.cache/huggingface \
+    && chown -R vgrpo:vgrpo /workspace
+
+COPY --chown=vgrpo:vgrpo . .
+
+ENV HF_HOME=/home/vgrpo/.cache/huggingface
+# Numeric, so that a runtime that checks for non-root (Kubernetes runAsNonRoot) can tell.
+USER ${USER_UID}:${USER_UID}
+
+ENTRYPOINT ["dvc"]
+CMD ["repro"]

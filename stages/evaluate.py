@@ -1,0 +1,46 @@
+"""Stage 3: base vs trained on held-out (val, test) and out-of-distribution (ood) counts, same images,
+same prompt, same image budget; metrics, predictions, plots and attention heatmaps for DVC.
+
+    python stages/evaluate.py                       # params.yaml -> reports/eval
+    dvc exp run -S evaluate.batch_size=8            # reruns evaluate (and what follows) only
+"""
+
+from pathlib import Path
+
+import click
+
+from vgrpo.cli import quiet_libraries, user_errors
+from vgrpo.config import load_config
+
+
+@click.command()
+@click.option("--params", "params_path", default="params.yaml", show_default=True, help="Params file.")
+@click.option("--data", "data_dir", default="data/shapes", show_default=True, help="Dataset from `generate`.")
+@click.option("--adapter", "adapter_dir", default="models/adapter", show_default=True, help="Adapter from `train`.")
+@click.option("--reports", "reports_dir", default="reports/eval", show_default=True, help="Output directory.")
+def main(params_path, data_dir, adapter_dir, reports_dir) -> None:
+    """Evaluate the base model and the trained adapter."""
+    with user_errors():
+        config = load_config(params_path)
+        quiet_libraries()
+        from tqdm import tqdm
+
+        from vgrpo.evaluation import MODELS, check_adapter
+        from vgrpo.shapes import load_dataset
+
+        check_adapter(Path(adapter_dir))  # inputs first: nothing loads when one is missing
+        dataset = load_dataset(data_dir, splits=tuple(config.evaluate.splits))
+        total = len(MODELS) * sum(min(config.evaluate.max_samples, len(dataset[s])) for s in config.evaluate.splits)
+
+        from vgrpo.evaluation import run_evaluation
+
+        with tqdm(total=total, desc="evaluate", unit="sample") as progress:
+            metrics = run_evaluation(config, Path(data_dir), Path(adapter_dir), Path(reports_dir), progress)
+        for split in config.evaluate.splits:
+            m = metrics[split]
+            click.echo(f"{split:>5}: accuracy base {m['base']['accuracy']:.3f} -> trained "
+                       f"{m['trained']['accuracy']:.3f} ({m['trained_minus_base']['accuracy']:+.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""Base vs trained, on the same images with the identical prompt and image budget, in one run.
+
+One model is loaded with the adapter attached; the base answers with the adapter switched off
+(`disable_adapter`), so nothing but the LoRA weights differs between the two. Generation is batched
+and greedy by default. Accuracy reads the answer with `vgrpo.prompts.parse_answer`: the integer in
+the single `<SOLUTION>` block, else the last integer in the response; no integer is unparseable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vgrpo import models
+from vgrpo.config import Config, EvaluateParams, VgrpoError
+from vgrpo.files import atomic_dir, write_json
+from vgrpo.prompts import REASONING_END, REASONING_START, SOLUTION_START, hf_messages, parse_answer
+from vgrpo.rewards import REWARDS
+
+MODELS = ("base", "trained")
+REASONING_BINS = (0, 16, 32, 64, 128, 256, 512, 10**9)  # tokens; edges of the accuracy-vs-length plot
+
+
+def check_adapter(adapter_dir: Path) -> None:
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise VgrpoError(f"{adapter_dir}: no LoRA adapter here (run the train stage: dvc repro train)")
+
+
+def load_base_and_adapter(config: Config, adapter_dir: Path):
+    """The base model with the trained adapter attached, and the processor (image budget from params)."""
+    from peft import PeftModel
+
+    path = models.base_model_path(config.model)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = PeftModel.from_pretrained(models.load_model(path, config.model), str(adapter_dir)).to(device).eval()
+    return model, models.load_processor(path, config.model)
+
+
+def as_model(model, name: str):
+    """Run as `base` (adapter switched off) or as `trained`."""
+    return model.disable_adapter() if name == "base" else contextlib.nullcontext()
+
+
+def batch_inputs(processor, rows, device):
+    conversations = [hf_messages(row["question"], row["image"]) for row in rows]
+    return processor.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                         return_tensors="pt", processor_kwargs={"padding": True}).to(device)
+
+
+@torch.no_grad()
+def generate(model, processor, rows, params: EvaluateParams) -> list[list[int]]:
+    """Completion token ids for a batch of rows (left padding, so all prompts end together)."""
+    inputs = batch_inputs(processor, rows, model.device)
+    sampling = {"do_sample": True, "temperature": params.temperature} if params.do_sample else {"do_sample": False}
+    output = model.generate(**inputs, max_new_tokens=params.max_new_tokens, **sampling)
+    new = output[:, inputs["input_ids"].shape[1]:]
+    stop = {processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id}
+    completions = []
+    for ids in new.tolist():
+        end = next((i for i, token in enumerate(ids) if token in stop), len(ids))
+        completions.append(ids[:end])
+    return completions
+
+
+def reasoning_text(completion: str) -> str:
+    """The reasoning part: inside <REASONING> tags when present, else everything before <SOLUTION>."""
+    if REASONING_START in completion and REASONING_END in completion.split(REASONING_START, 1)[1]:
+        return completion.split(REASONING_START, 1)[1].split(REASONING_END, 1)[0]
+    return completion.split(SOLUTION_START, 1)[0]
+
+
+def score(rows, completions: list[str], tokenizer) -> list[dict]:
+    """One record per sample: parsed answer, correctness, every reward, reasoning length."""
+    columns = {key: [row[key] for row in rows] for key in ("answer", "target_shape", "target_colour")}
+    rewards = {name: fn(completions, **columns) for name, fn in REWARDS.items()}
+    records = []
+    for i, (row, completion) in enumerate(zip(rows, completions, strict=True)):
+        parsed = parse_answer(completion)
+        records.append({
+            "id": row["id"], "question": row["question"], "answer": row["answer"],
+            "target_shape": row["target_shape"], "completion": completion, "parsed": parsed,
+            "correct": parsed is not None and parsed == int(row["answer"]),
+            "rewards": {name: values[i] for name, values in rewards.items()},
+            "reasoning_tokens": len(tokenizer(reasoning_text(completion), add_special_tokens=False)["input_ids"]),
+        })
+    return records
+
+
+def bootstrap_ci(correct: list[bool], samples: int, seed: int) -> list[float]:
+    """95% percentile bootstrap interval for the accuracy."""
+    values = np.asarray(correct, dtype=float)
+    if values.size == 0:
+        return [0.0, 0.0]
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(samples, values.size))].mean(axis=1)
+    return [round(float(np.percentile(means, 2.5)), 4), round(float(np.percentile(means, 97.5)), 4)]
+
+
+def summarize(records: list[dict], params: EvaluateParams) -> dict:
+    correct = [r["correct"] for r in records]
+    by_shape, by_count = defaultdict(list), defaultdict(list)
+    for r in records:
+        by_shape[r["target_shape"]].append(r["correct"])
+        by_count[int(r["answer"])].append(r["correct"])
+    return {
+        "samples": len(records),
+        "accuracy": _mean(correct),
+        "accuracy_ci95": bootstrap_ci(correct, params.bootstrap_samples, params.seed),
+        "format_compliance": _mean([r["rewards"]["format_tags"] == 1.0 for r in records]),
+        "description_rate": _mean([r["rewards"]["description"] > 0 for r in records]),
+        "unparseable_rate": _mean([r["parsed"] is None for r in records]),
+        "mean_reasoning_tokens": _mean([r["reasoning_tokens"] for r in records]),
+        "rewards": {name: _mean([r["rewards"][name] for r in records]) for name in REWARDS},
+        "accuracy_by_shape": {shape: _mean(v) for shape, v in sorted(by_shape.items())},
+        "accuracy_by_count": {str(count): _mean(v) for count, v in sorted(by_count.items())},
+    }
+
+
+def difference(trained, base):
+    """trained - base for every number, keeping the structure (intervals are not subtracted)."""
+    if isinstance(trained, dict):
+        return {key: difference(trained[key], base[key]) for key in trained if key in base and key not in ("accuracy_ci95", "samples")}
+    if isinstance(trained, int | float) and not isinstance(trained, bool):
+        return round(trained - base, 4)
+    return None
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return round(float(np.mean(values)), 4) if values else 0.0
+
+
+# --- Where the model looks ----------------------------------------------------------------------
+
+@torch.no_grad()
+def image_attention(model, processor, row, completion_ids: list[int]) -> tuple[float, np.ndarray]:
+    """Attention from the answer (completion) tokens to the image tokens, averaged over layers, heads
+    and answer tokens: the share it puts on the image, and its distribution over the image grid."""
+    inputs = batch_inputs(processor, [row], model.device)
+    prompt_length = inputs["input_ids"].shape[1]
+    completion = torch.tensor([completion_ids or [processor.tokenizer.eos_token_id]], device=model.device)
+    input_ids = torch.cat([inputs["input_ids"], completion], dim=1)
+    attention_mask = torch.ones_like(input_ids)
+    mm_token_type_ids = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(completion)], dim=1)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm_token_type_ids,
+                   pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                   output_attentions=True)
+    # layers x heads x answer tokens x keys -> mean over layers, heads and answer tokens
+    weights = torch.stack([a[0, :, prompt_length - 1:-1] for a in output.attentions]).float().mean(dim=(0, 1, 2))
+    image_positions = (input_ids[0] == model.config.image_token_id).nonzero().flatten()
+    on_image = weights[image_positions]
+    _, height, width = inputs["image_grid_thw"][0].tolist()
+    merge = processor.image_processor.merge_size
+    grid = on_image.reshape(height // merge, width // merge).cpu().numpy()
+    return float(on_image.sum()), grid
+
+
+def heatmap(image: Image.Image, grid: np.ndarray, title_height: int = 0) -> Image.Image:
+    """The image with the attention grid laid over it in red (brighter = more attention)."""
+    spread = grid.max() - grid.min()
+    scaled = (grid - grid.min()) / spread if spread > 0 else np.zeros_like(grid)
+    overlay = Image.fromarray((scaled * 255).astype(np.uint8)).resize(image.size, Image.Resampling.NEAREST)
+    red = Image.new("RGB", image.size, (255, 0, 0))
+    return Image.composite(red, image.convert("RGB"), overlay.point(lambda v: int(v * 0.6)))
+
+
+def with_eager_attention(model):
+    """Attention weights are only returned by the eager implementation."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.set_attn_implementation("eager")
+    return model
+
+
+# --- The stage ----------------------------------------------------------------------------------
+
+def run_evaluation(config: Config, data_dir: Path, adapter_dir: Path, reports_dir: Path, progress=None) -> dict:
+    from vgrpo.shapes import load_dataset
+
+    params = config.evaluate
+    check_adapter(adapter_dir)
+    dataset = load_dataset(data_dir, splits=tuple(params.splits))
+    model, processor = load_base_and_adapter(config, adapter_dir)
+
+    splits = {split: dataset[split].select(range(min(params.max_samples, len(dataset[split]))))
+              for split in params.splits}
+    records: dict[tuple[str, str], list[dict]] = {}
+    completions_ids: dict[tuple[str, str], list[list[int]]] = {}
+    torch.manual_seed(params.seed)
+    start = time.perf_counter()
+    for split, rows in splits.items():
+        for name in MODELS:
+            ids = []
+            for begin in range(0, len(rows), params.batch_size):
+                batch = [rows[i] for i in range(begin, min(begin + params.batch_size, len(rows)))]
+                with as_model(model, name):
+                    ids += generate(model, processor, batch, params)
+                if progress is not None:
+                    progress.update(len(batch))
+            texts = processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
+            completions_ids[(split, name)] = ids
+            records[(split, name)] = score([rows[i] for i in range(len(rows))], texts, processor.tokenizer)
+    seconds = time.perf_counter() - start
+    generated = sum(len(r) for r in records.values())
+
+    metrics = {"speed": {"samples": generated, "seconds": round(seconds, 2),
+                         "samples_per_second": round(generated / seconds, 3)}}
+    for split in splits:
+        base, trained = (summarize(records[(split, name)], params) for name in MODELS)
+        metrics[split] = {"base": base, "trained": trained, "trained_minus_base": difference(trained, base)}
+
+    with_eager_attention(model)
+    attention_dir = reports_dir / "attention"
+    shares: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    with atomic_dir(attention_dir) as tmp:
+        for split, rows in splits.items():
+            for i in range(min(params.attention_samples, len(rows))):
+                row = rows[i]
+                panels = [row["image"].convert("RGB")]
+                for name in MODELS:
+                    with as_model(model, name):
+                        share, grid = image_attention(model, processor, row, completions_ids[(split, name)][i])
+                    shares[split][name].append(share)
+                    panels.append(heatmap(row["image"], grid))
+                _side_by_side(panels).save(tmp / f"{row['id']}.png")
+    for split in splits:
+        for name in MODELS:
+            metrics[split][name]["attention_on_image"] = _mean(shares[split][name]) if shares[split][name] else None
+        if shares[split]["base"]:
+            metrics[split]["trained_minus_base"]["attention_on_image"] = round(
+                _mean(shares[split]["trained"]) - _mean(shares[split]["base"]), 4)
+
+    write_predictions(reports_dir / "predictions.jsonl", records)
+    write_plots(reports_dir / "plots", records)
+    write_json(reports_dir / "metrics.json", metrics)
+    return metrics
+
+
+def _side_by_side(panels: list[Image.Image]) -> Image.Image:
+    """image | base attention | trained attention."""
+    width, height = panels[0].size
+    sheet = Image.new("RGB", (width * len(panels), height), "white")
+    for i, panel in enumerate(panels):
+        sheet.paste(panel, (i * width, 0))
+    return sheet
+
+
+def write_predictions(path: Path, records: dict[tuple[str, str], list[dict]]) -> None:
+    """One line per sample and model."""
+    lines = [json.dumps({"split": split, "model": name, **record})
+             for (split, name), rows in records.items() for record in rows]
+    tmp = path.with_name(f".{path.name}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
+def write_plots(plots_dir: Path, records: dict[tuple[str, str], list[dict]]) -> None:
+    """Plot data for `dvc plots show`: accuracy by true count (in and out of the training range),
+    confusion matrices, accuracy by reasoning length. Written into a temp dir, then swapped in."""
+    with atomic_dir(plots_dir) as tmp:
+        ood_counts = {int(r["answer"]) for (split, _), rows in records.items() if split == "ood" for r in rows}
+        by_count: dict[int, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+        by_bin: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+        for (_, name), rows in records.items():
+            for r in rows:
+                by_count[int(r["answer"])][name].append(r["correct"])
+                by_bin[_bin_label(r["reasoning_tokens"])][name].append(r["correct"])
+        _write_csv(tmp / "accuracy_by_count.csv", ["count", "range", *MODELS], [
+            [count, "out of range" if count in ood_counts else "in range", *(_mean(by_count[count][m]) for m in MODELS)]
+            for count in sorted(by_count)])
+        _write_csv(tmp / "accuracy_by_reasoning_length.csv", ["reasoning_tokens", *[f"{m}" for m in MODELS],
+                                                             *[f"{m}_samples" for m in MODELS]], [
+            [label, *(_mean(by_bin[label][m]) for m in MODELS), *(len(by_bin[label][m]) for m in MODELS)]
+            for label in (_bin_label(edge) for edge in REASONING_BINS[:-1]) if label in by_bin])
+        for name in MODELS:
+            _write_csv(tmp / f"confusion_{name}.csv", ["actual", "predicted"], [
+                [r["answer"], "none" if r["parsed"] is None else str(r["parsed"])]
+                for (_, model_name), rows in records.items() if model_name == name for r in rows])
+
+
+def _bin_label(tokens: int) -> str:
+    for low, high in zip(REASONING_BINS, REASONING_BINS[1:], strict=False):
+        if low <= tokens < high:
+            return f"{low:04d}-{high - 1}" if high < 10**9 else f"{low:04d}+"
+    return "unknown"
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
