@@ -127,7 +127,8 @@ def summarize(records: list[dict], params: EvaluateParams) -> dict:
 def difference(trained, base):
     """trained - base for every number, keeping the structure (intervals are not subtracted)."""
     if isinstance(trained, dict):
-        return {key: difference(trained[key], base[key]) for key in trained if key in base and key not in ("accuracy_ci95", "samples")}
+        skip = ("accuracy_ci95", "samples")
+        return {key: difference(trained[key], base[key]) for key in trained if key in base and key not in skip}
     if isinstance(trained, int | float) and not isinstance(trained, bool):
         return round(trained - base, 4)
     return None
