@@ -4,8 +4,11 @@ DVCLive curves, checkpoints every `train.save_steps`, and the final adapter.
     python stages/train.py                                  # params.yaml -> models/adapter
     dvc exp run -S profile=tiny                             # the whole pipeline on a CPU
     dvc exp run -S train.resume=true                        # continue from checkpoints/
+    dvc exp run -S train.num_processes=2                    # DDP under accelerate (zero2/zero3: accelerate_config)
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -31,9 +34,16 @@ def main(params_path, data_dir, adapter_dir, checkpoints_dir, reports_dir) -> No
         from vgrpo.backends import check_device_options, import_unsloth, resolve_backend
         from vgrpo.shapes import load_dataset
 
+        from vgrpo import distributed
+
         cuda = torch.cuda.is_available()
         check_device_options(config.train, cuda)
+        distributed.check_processes(config.train, torch.cuda.device_count() if cuda else 0)
         load_dataset(data_dir, splits=("train",))  # fail on a missing dataset before any model loads
+        if config.train.num_processes > 1 and not distributed.is_launched():
+            command = distributed.launch_command(config.train, sys.argv)
+            click.echo(f"train: {' '.join(command)}")
+            sys.exit(subprocess.call(command))
         backend = resolve_backend(config.train.backend, cuda)
         click.echo(f"train: backend {backend} (asked: {config.train.backend}, CUDA: {cuda})")
         if backend == "unsloth":
@@ -42,8 +52,10 @@ def main(params_path, data_dir, adapter_dir, checkpoints_dir, reports_dir) -> No
 
         summary = run_training(config, backend, Path(data_dir), Path(adapter_dir), Path(checkpoints_dir),
                                Path(reports_dir))
+        if summary is None:  # not rank 0: rank 0 reports
+            return
         click.echo(f"train: {summary['steps']} steps in {summary['seconds']} s, final reward "
-                   f"{summary['final_reward']}, adapter in {adapter_dir}")
+                   f"{summary['final_reward']}, world size {summary['world_size']}, adapter in {adapter_dir}")
 
 
 if __name__ == "__main__":

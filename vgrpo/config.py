@@ -131,7 +131,7 @@ class TrainParams:
     seed: int = knob(ge=0)
     resume: bool
     num_processes: int = knob(ge=1)
-    accelerate_config: Literal["ddp", "zero2", "zero3"]
+    accelerate_config: str  # ddp | zero2 | zero3 (vgrpo/accelerate_configs) or a path to an accelerate config
     use_vllm: bool
     vllm_mode: Literal["colocate", "server"]
     vllm_gpu_memory_utilization: float = knob(gt=0, le=1)
@@ -162,9 +162,13 @@ class SmokeParams:
     max_new_tokens: int = knob(ge=1)
     first_k_tokens: int = knob(ge=1)
     n_threads: int = knob(ge=1)
+    n_ctx: int = knob(ge=256)  # llama.cpp context: prompt (text + image tokens) + max_new_tokens
+    cpu_repack: bool  # llama.cpp's repacked/AMX CPU weights (off: they crash in VMs without AMX state)
     min_f16_token_agreement: float = knob(ge=0, le=1)
+    max_f16_logprob_diff: float = knob(gt=0)  # first token, over the HF model's 10 most likely tokens
     min_quant_answer_agreement: float = knob(ge=0, le=1)
     require_image_sensitivity: bool
+    min_image_spread_ratio: float = knob(ge=0)  # GGUF's image spread / the HF model's
 
 
 @dataclass(frozen=True)
@@ -353,8 +357,14 @@ def _check_relations(config: Config, source: str) -> None:
         fail("train.num_generations", f"{t.num_generations} does not divide the generation batch "
              f"{generation_batch} (per_device_train_batch_size {t.per_device_train_batch_size} x "
              f"gradient_accumulation_steps {t.gradient_accumulation_steps} x num_processes {t.num_processes})")
+    if t.use_vllm and t.finetune_vision_layers:
+        fail("train.use_vllm", "vLLM cannot apply LoRA to vision layers: set train.finetune_vision_layers: false "
+             "to generate with vLLM, or train.use_vllm: false to keep the vision LoRA")
     if not e.splits:
         fail("evaluate.splits", f"expected at least one of {', '.join(SPLITS)}")
+    if config.smoke.n_ctx < config.smoke.max_new_tokens + 256:
+        fail("smoke.n_ctx", f"{config.smoke.n_ctx} leaves no room for the prompt (~130 tokens with a 256x256 image) "
+             f"next to smoke.max_new_tokens {config.smoke.max_new_tokens}: use at least max_new_tokens + 256")
     for q in x.quantizations:
         if q not in QUANTIZATIONS:
             fail("export.quantizations", f"unknown quantization {q!r} (expected one of "

@@ -159,17 +159,20 @@ def save_adapter(model, processor, adapter_dir: Path) -> None:
 
 
 def run_training(config: Config, backend: str, data_dir: Path, adapter_dir: Path, checkpoints_dir: Path,
-                 reports_dir: Path) -> dict:
-    """The `train` stage."""
+                 reports_dir: Path) -> dict | None:
+    """The `train` stage. Under `accelerate launch` every rank trains; only rank 0 writes the adapter,
+    the checkpoints and the DVCLive output, and returns the summary (other ranks return None)."""
+    from accelerate import PartialState
     from dvclive import Live
 
     train = config.train
     cuda = torch.cuda.is_available()
+    main_process = PartialState(cpu=not cuda).is_main_process  # also sets up the process group when launched
     dataset = load_dataset(data_dir, splits=("train",))["train"]
     reward_funcs, reward_weights = reward_functions(train.rewards)
 
     resume_from = get_last_checkpoint(str(checkpoints_dir)) if train.resume and checkpoints_dir.is_dir() else None
-    if not resume_from:
+    if not resume_from and main_process:
         shutil.rmtree(checkpoints_dir, ignore_errors=True)  # a fresh run: old checkpoints would mix in
 
     model, processor = models.load_for_training(config.model, train, backend)
@@ -177,19 +180,27 @@ def run_training(config: Config, backend: str, data_dir: Path, adapter_dir: Path
     trainable = models.trainable_summary(model)
     log.info("backend=%s trainable LoRA parameters: %s; prompt tokens <= %d", backend, trainable, prompt_tokens)
 
-    live = Live(str(reports_dir), resume=bool(resume_from), dvcyaml=None, save_dvc_exp=False, report=None)
-    if resume_from:
-        trim_curves(reports_dir, int(Path(resume_from).name.split("-")[-1]))
+    callbacks = []
+    if main_process:
+        live = Live(str(reports_dir), resume=bool(resume_from), dvcyaml=None, save_dvc_exp=False, report=None)
+        if resume_from:
+            trim_curves(reports_dir, int(Path(resume_from).name.split("-")[-1]))
+        callbacks.append(LiveCurves(live))
     trainer = build_trainer(config, model, processor, dataset, reward_funcs, reward_weights, checkpoints_dir,
-                            callbacks=[LiveCurves(live)], cuda=cuda)
+                            callbacks=callbacks, cuda=cuda)
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume_from)
     seconds = time.perf_counter() - start
+    trainer.accelerator.wait_for_everyone()
+    if not main_process:
+        return None
 
-    save_adapter(trainer.model, processor, adapter_dir)
+    save_adapter(trainer.accelerator.unwrap_model(trainer.model), processor, adapter_dir)
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     summary = {
         "backend": backend,
+        "world_size": trainer.accelerator.num_processes,
+        "distributed": "deepspeed" if trainer.is_deepspeed_enabled else str(trainer.accelerator.distributed_type.value),
         "steps": trainer.state.global_step,
         "resumed_from": Path(resume_from).name if resume_from else None,
         "seconds": round(seconds, 1),
