@@ -15,6 +15,12 @@ venv=${VENV_DIR:-.venv}
 llama_version=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 llama_sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 
+# The tests start a throwaway sshd on 127.0.0.1 (DVC's SSH remote); a dev or CI checkout (the
+# default venv) gets Debian's openssh-server when it is missing and we are allowed to install it.
+if [ -z "${VENV_DIR:-}" ] && [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null
+fi
+
 stamp="$venv/.setup-stamp"
 want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)-${extras}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -31,10 +31,9 @@ def main(params_path, data_dir, adapter_dir, checkpoints_dir, reports_dir) -> No
         quiet_libraries()
         import torch
 
+        from vgrpo import distributed
         from vgrpo.backends import check_device_options, import_unsloth, resolve_backend
         from vgrpo.shapes import load_dataset
-
-        from vgrpo import distributed
 
         cuda = torch.cuda.is_available()
         check_device_options(config.train, cuda)

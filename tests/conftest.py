@@ -106,3 +106,24 @@ def copy_repo(repo: Path, dest: Path) -> Path:
     """A full copy (git history, DVC cache, outputs) that a test may change."""
     shutil.copytree(repo, dest, symlinks=True)
     return dest
+
+
+def tiny_adapter(out_dir: Path, seed: int = 0) -> Path:
+    """A LoRA adapter for the tiny model in seconds, instead of a training run: LoRA attached as `train`
+    attaches it, with B (zero at initialisation) set to small random values so that merging it changes
+    the model."""
+    import torch
+
+    from vgrpo import models
+    from vgrpo.config import config_from_dict
+    from vgrpo.training import save_adapter
+
+    config = config_from_dict(tiny_params())
+    model, processor = models.load_for_training(config.model, config.train, "hf")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    save_adapter(model, processor, out_dir)
+    return out_dir

@@ -9,7 +9,8 @@ import yaml
 from conftest import ROOT, load_params, make_pipeline_repo, run, write_params
 
 # The params groups each stage reads (besides `profile`).
-STAGE_GROUPS = {"generate": ["generate"], "train": ["model", "train"]}
+STAGE_GROUPS = {"generate": ["generate"], "train": ["model", "train"], "export": ["model", "export"],
+                "smoke": ["model", "smoke"]}
 
 
 def test_each_stage_tracks_exactly_the_params_it_reads():

@@ -37,3 +37,12 @@ def write_json(path: str | Path, data) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     tmp.replace(path)
+
+
+def write_jsonl(path: str | Path, rows) -> None:
+    """Write one JSON object per line through a temp file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(path)

@@ -208,6 +208,7 @@ def run_training(config: Config, backend: str, data_dir: Path, adapter_dir: Path
         "trainable_parameters": trainable,
         "prompt_tokens": prompt_tokens,
         "final_reward": history[-1]["reward"] if history else None,
+        "peak_vram_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
     }
     for key, value in summary.items():
         live.summary[key] = value

@@ -1,0 +1,140 @@
+"""Published artifacts: `dvc push` to a remote, a fresh clone, `dvc pull`, nothing to rerun; a local
+remote and a real SSH remote (an sshd on 127.0.0.1 started here)."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, copy_repo, run
+
+OUTPUTS = ["data/shapes", "models/adapter", "models/merged", "models/gguf", "reports/train/metrics.json",
+           "reports/eval/metrics.json", "reports/smoke/metrics.json", "reports/smoke/predictions.jsonl"]
+
+
+def test_default_remote_and_link_types_are_configured():
+    config = (ROOT / ".dvc" / "config").read_text()
+    assert "remote = storage" in config and "['remote \"storage\"']" in config
+    assert 'type = "reflink,hardlink,symlink,copy"' in config
+
+
+@pytest.fixture(scope="module")
+def published(tiny_pipeline, tmp_path_factory) -> Path:
+    """The tiny pipeline's results committed to git, as a maintainer would before `dvc push`."""
+    repo = copy_repo(tiny_pipeline, tmp_path_factory.mktemp("published") / "repo")
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", "tiny run"], repo)
+    return repo
+
+
+def fresh_clone(repo: Path, dest: Path, remote_url: str, keyfile: Path | None = None) -> Path:
+    run(["git", "clone", "-q", str(repo), str(dest)], dest.parent)
+    run(["dvc", "remote", "modify", "--local", "storage", "url", remote_url], dest)
+    if keyfile:
+        run(["dvc", "remote", "modify", "--local", "storage", "keyfile", str(keyfile)], dest)
+    return dest
+
+
+def assert_restored(clone: Path) -> None:
+    for output in OUTPUTS:
+        assert (clone / output).exists(), output
+    assert list((clone / "models/gguf").glob("mmproj-*.gguf"))
+    status = run(["dvc", "status"], clone).stdout
+    assert "up to date" in status, status
+    assert "Running stage" not in run(["dvc", "repro"], clone).stdout
+
+
+def test_push_fresh_clone_pull_runs_nothing(published, tmp_path):
+    remote = tmp_path / "remote"
+    run(["dvc", "remote", "modify", "--local", "storage", "url", str(remote)], published)
+    pushed = run(["dvc", "push", "--run-cache"], published)
+    assert "pushed" in pushed.stdout.lower()
+    assert (remote / "runs").is_dir()  # the run-cache went too
+
+    clone = fresh_clone(published, tmp_path / "clone", str(remote))
+    assert not (clone / "models/gguf").exists()
+    run(["dvc", "pull"], clone)
+    assert_restored(clone)
+
+    # A single stage's outputs only: `dvc pull smoke` brings the smoke reports, not the dataset or models.
+    partial = fresh_clone(published, tmp_path / "partial", str(remote))
+    run(["dvc", "pull", "smoke"], partial)
+    assert (partial / "reports/smoke/metrics.json").exists()
+    assert not (partial / "data/shapes").exists() and not (partial / "models/adapter").exists()
+    # What a user who wants the model file pulls: the GGUF directory, nothing else.
+    run(["dvc", "pull", "models/gguf"], partial)
+    assert list((partial / "models/gguf").glob("*.gguf")) and not (partial / "models/merged").exists()
+
+
+def test_outputs_are_linked_not_copied(published):
+    """With the hardlink (or reflink/symlink) cache type a model file is stored once, not twice."""
+    for model_file in [*(published / "models/gguf").glob("*.gguf"), published / "models/merged/model.safetensors"]:
+        # This machine's filesystem has no reflinks, so DVC falls back to hard links (or symlinks).
+        assert model_file.is_symlink() or model_file.stat().st_nlink > 1, model_file
+
+
+# --- A real SSH remote ----------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    """Debian's sshd on 127.0.0.1 with a throwaway config, key auth only; yields (url prefix, key)."""
+    sshd_bin = Path("/usr/sbin/sshd")
+    assert sshd_bin.exists(), "openssh-server is missing: ./setup.sh installs it (as root) for this test"
+    work = tmp_path / "ssh"
+    work.mkdir()
+    key, host_key = work / "client_key", work / "host_key"
+    for path in (key, host_key):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    (work / "authorized_keys").write_text((work / "client_key.pub").read_text())
+    port = free_port()
+    config = work / "sshd_config"
+    config.write_text("\n".join([
+        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}", f"AuthorizedKeysFile {work}/authorized_keys",
+        f"PidFile {work}/sshd.pid", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "UsePAM no",
+        "StrictModes no",  # the keys live in pytest's temp dir, which other users can read
+        "Subsystem sftp internal-sftp", ""]))
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation directory
+    process = subprocess.Popen([str(sshd_bin), "-D", "-e", "-f", str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert process.poll() is None, process.stdout.read()
+            time.sleep(0.1)
+    yield f"ssh://{getpass.getuser()}@127.0.0.1:{port}", key
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_ssh_remote_push_and_pull(published, sshd, tmp_path):
+    url_prefix, key = sshd
+    url = f"{url_prefix}{tmp_path / 'ssh-remote'}"
+    run(["dvc", "remote", "modify", "--local", "storage", "url", url], published)
+    run(["dvc", "remote", "modify", "--local", "storage", "keyfile", str(key)], published)
+    run(["dvc", "push", "--run-cache"], published)
+    assert (tmp_path / "ssh-remote" / "files").is_dir() and (tmp_path / "ssh-remote" / "runs").is_dir()
+
+    clone = fresh_clone(published, tmp_path / "clone", url, keyfile=key)
+    run(["dvc", "pull", "--run-cache"], clone)
+    assert_restored(clone)
+
+
+def test_readme_shows_s3_ssh_and_warns_about_host_keys():
+    readme = (ROOT / "README.md").read_text()
+    assert "dvc remote modify storage url s3://" in readme
+    assert "dvc remote modify storage url ssh://" in readme
+    assert "host key" in readme.lower()

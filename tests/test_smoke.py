@@ -1,0 +1,274 @@
+"""The smoke stage: every GGUF answers test images in llama.cpp, parity with the merged model is measured
+and gated (a broken projector fails the stage), bad files fail with one line before llama.cpp reads
+them, and the GGUF-vs-transformers benchmark prints its figure."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT, stage, tiny_adapter, tiny_params, write_params
+
+from vgrpo import gguf_runtime as rt
+from vgrpo.config import ConfigError, config_from_dict
+
+STEM = "qwen3vl-tiny-shapes-grpo"
+# One thread: this machine has two cores, shared with whatever else runs.
+SMOKE = {"n_threads": 1}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The tiny model exported in-process (merge, GGUF f16 + mmproj, q4_k_m) and a tiny dataset."""
+    from vgrpo.export import run_export
+
+    root = tmp_path_factory.mktemp("smoke")
+    params = write_params(root / "params.yaml", tiny_params(smoke=SMOKE))
+    assert stage("generate", "--params", str(params), "--out", str(root / "shapes")).returncode == 0
+    config = config_from_dict(tiny_params(smoke=SMOKE))
+    run_export(config, tiny_adapter(root / "adapter"), root / "merged", root / "gguf", root / "shapes",
+               root / "missing-eval.json")
+    return types.SimpleNamespace(root=root, params=params, config=config)
+
+
+def smoke_args(root: Path, gguf: Path | None = None, merged: Path | None = None, reports: Path | None = None):
+    return ["--merged", str(merged or root / "merged"), "--gguf", str(gguf or root / "gguf"), "--data",
+            str(root / "shapes"), "--reports", str(reports or root / "reports")]
+
+
+@pytest.fixture(scope="module")
+def smoked(exported):
+    result = stage("smoke", "--params", str(exported.params), *smoke_args(exported.root))
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = exported.root / "reports"
+    predictions = [json.loads(line) for line in (reports / "predictions.jsonl").read_text().splitlines()]
+    return types.SimpleNamespace(stdout=result.stdout, metrics=json.loads((reports / "metrics.json").read_text()),
+                                 predictions=predictions)
+
+
+def test_every_gguf_answers_and_matches_the_merged_model(smoked):
+    files = smoked.metrics["files"]
+    assert set(files) == {f"{STEM}-f16.gguf", f"{STEM}-q4_k_m.gguf"}
+    f16, q4 = files[f"{STEM}-f16.gguf"], files[f"{STEM}-q4_k_m.gguf"]
+    for m in (f16, q4):
+        assert m["mmproj"] == f"mmproj-{STEM}-f16.gguf"
+        assert m["load_seconds"] > 0 and m["tokens_per_second"] > 0
+        assert 0 <= m["parse_rate"] <= 1 and 0 <= m["accuracy"] <= 1
+        assert 0.5 <= m["image_spread_ratio"] <= 2  # the image moves the first token as much as in transformers
+    assert f16["file_type"] == "f16" and f16["first_k_token_agreement"] >= 0.9
+    assert f16["first_token_logprob_diff"] < 0.01  # measured 5e-4; a broken projector gives > 1
+    assert q4["file_type"] == "q4_k_m" and q4["answer_agreement"] >= 0.5
+    assert q4["k_quant_share"] == 1.0 and "Q4_K" in q4["tensor_types"]  # no legacy fallbacks at hidden 256
+    hf = smoked.metrics["hf"]
+    assert hf["image_spread"] > 0 and hf["tokens_per_second"] > 0
+    assert (smoked.metrics["num_images"], smoked.metrics["first_k_tokens"]) == (4, 16)
+    assert "smoke: 2 GGUF files pass" in smoked.stdout
+
+
+def test_predictions_keep_every_answer(smoked):
+    by_model = {}
+    for record in smoked.predictions:
+        by_model.setdefault(record["model"], []).append(record)
+    assert set(by_model) == {"hf", f"{STEM}-f16.gguf", f"{STEM}-q4_k_m.gguf"}
+    for records in by_model.values():
+        assert [r["id"] for r in records] == ["test-00000", "test-00001", "test-00002", "test-00003"]
+        assert all(r["tokens"] > 0 and isinstance(r["completion"], str) for r in records)
+
+
+def break_projector(source: Path, dest: Path, how: str) -> Path:
+    """A copy of the export (f16 text model only) whose projector's weights are zeros or noise."""
+    import gguf
+
+    dest.mkdir()
+    for name in (f"{STEM}-f16.gguf", f"mmproj-{STEM}-f16.gguf"):
+        shutil.copy(source / name, dest / name)
+    rng = np.random.default_rng(0)
+    for tensor in gguf.GGUFReader(dest / f"mmproj-{STEM}-f16.gguf", "r+").tensors:
+        data = tensor.data
+        data[...] = 0 if how == "zeros" else rng.standard_normal(data.shape) * max(float(np.std(data)), 1e-3)
+    return dest
+
+
+def test_zeroed_projector_fails_the_stage_with_one_line_per_missed_threshold(exported, tmp_path):
+    broken = break_projector(exported.root / "gguf", tmp_path / "gguf", "zeros")
+    result = stage("smoke", "--params", str(exported.params),
+                   *smoke_args(exported.root, gguf=broken, reports=tmp_path / "reports"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: smoke: ")]
+    text = broken / f"{STEM}-f16.gguf"
+    assert f"error: smoke: {text}: image_spread_ratio 0 < 0.5 (smoke.min_image_spread_ratio)" in errors
+    assert any(re.fullmatch(rf"error: smoke: {re.escape(str(text))}: first_token_logprob_diff [0-9.]+ > 0.05 "
+                            r"\(smoke.max_f16_logprob_diff\)", line) for line in errors), errors
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())  # kept for the post-mortem
+    assert metrics["files"][f"{STEM}-f16.gguf"]["image_spread"] == 0
+
+
+def test_noise_projector_misses_the_parity_thresholds(exported, tmp_path):
+    broken = break_projector(exported.root / "gguf", tmp_path / "gguf", "noise")
+    config, samples = exported.config, rt.smoke_samples(exported.root / "shapes", 2)
+    reference = rt.run_hf(exported.root / "merged", config, samples)
+    texts, projector = rt.find_gguf_files(broken)
+    m = rt.parity(rt.run_llama(texts[0], projector, samples, config.smoke, reference), reference, 16)
+    failures = rt.gate_failures({"f16": {"path": "f16.gguf", "file_type": "f16", **m}}, config.smoke)
+    assert any("first_token_logprob_diff" in line for line in failures), (m, failures)
+
+
+def test_token_ids_are_the_ones_llama_cpp_generated_and_forcing_follows_the_reference(exported):
+    texts, projector = rt.find_gguf_files(exported.root / "gguf")
+    sample = rt.smoke_samples(exported.root / "shapes", 1)[0]
+    question, image = sample["question"], sample["image"]
+    with rt.open_llama(texts[0], projector, exported.config.smoke) as (llama, load_seconds):
+        answer = rt.llama_answer(llama, question, image, 8)
+        text = llama.detokenize(answer.token_ids).decode("utf-8", errors="ignore")
+        reference = llama.tokenize(b" There are 3 circles here.", add_bos=False)
+        choices = rt.llama_choices(llama, question, image, reference)
+        followed = llama.input_ids[llama.n_tokens - len(reference) + 1:llama.n_tokens].tolist()
+        own = rt.llama_choices(llama, question, image, answer.token_ids)
+    assert len(answer.token_ids) == 8 and load_seconds > 0
+    assert text == answer.text
+    assert answer.first_logprobs.shape == (151936,) and abs(np.exp(answer.first_logprobs).sum() - 1) < 1e-6
+    assert followed == reference[:-1]  # generation went along the reference, not the model's own choices
+    assert len(choices) == len(reference) and choices[0] == answer.token_ids[0]
+    assert own == answer.token_ids  # along its own greedy path, llama.cpp chooses its own tokens
+
+
+# --- Measures -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("choices, reference, expected", [
+    ([1, 2, 3, 4], [1, 2, 3, 4], 1.0),
+    ([1, 2, 9, 4], [1, 2, 3, 4], 0.75),  # one flip costs one token, not the rest of the answer
+    ([1, 2], [1, 2, 3, 4], 0.5),  # llama.cpp stopped early
+    ([7], [1], 0.0),
+    ([], [], 1.0),
+])
+def test_token_agreement(choices, reference, expected):
+    assert rt.token_agreement(choices, reference) == expected
+
+
+def test_image_spread_and_top_logprob_diff():
+    same = [np.log(np.full(4, 0.25))] * 3
+    assert rt.image_spread(same) == 0
+    moved = [np.log([0.7, 0.1, 0.1, 0.1]), np.log([0.1, 0.7, 0.1, 0.1])]
+    assert rt.image_spread(moved) == pytest.approx(np.log(7))
+    assert rt.top_logprob_diff(moved[0], moved[0]) == 0
+    assert rt.top_logprob_diff(moved[1], moved[0]) == pytest.approx(np.log(7))
+
+
+def test_gates_name_file_measure_value_and_threshold():
+    params = config_from_dict(tiny_params()).smoke
+    good = {"first_k_token_agreement": 1.0, "first_token_logprob_diff": 0.001, "answer_agreement": 1.0,
+            "image_spread_ratio": 1.0}
+    files = {"a": {**good, "path": "g/a-f16.gguf", "file_type": "f16", "first_k_token_agreement": 0.25},
+             "b": {**good, "path": "g/b-q4_k_m.gguf", "file_type": "q4_k_m", "answer_agreement": 0.25,
+                   "first_k_token_agreement": 0.0, "first_token_logprob_diff": 0.3},  # not gated for quantized
+             "c": {**good, "path": "g/c-f16.gguf", "file_type": "f16"}}
+    assert rt.gate_failures(files, params) == [
+        "g/a-f16.gguf: first_k_token_agreement 0.25 < 0.9 (smoke.min_f16_token_agreement)",
+        "g/b-q4_k_m.gguf: answer_agreement 0.25 < 0.5 (smoke.min_quant_answer_agreement)"]
+
+
+def test_n_ctx_must_leave_room_for_the_prompt():
+    with pytest.raises(ConfigError, match="smoke.n_ctx: 256 leaves no room for the prompt"):
+        config_from_dict(tiny_params(smoke={"n_ctx": 256}))
+
+
+# --- Bad files: one line, exit 2, before llama.cpp reads anything ------------------------------------
+
+def test_header_reader_agrees_with_the_gguf_package(exported):
+    import gguf
+
+    path = exported.root / "gguf" / f"mmproj-{STEM}-f16.gguf"
+    reader = gguf.GGUFReader(path)
+    info = rt.read_gguf(path, projector=True)
+    assert info.width == reader.fields["clip.vision.projection_dim"].contents()
+    assert info.file_type == rt.FILE_TYPES[reader.fields["general.file_type"].contents()]
+    assert sum(info.tensor_types.values()) == len(reader.tensors)
+    assert set(info.tensor_types) == {t.tensor_type.name for t in reader.tensors}
+
+
+def small_gguf(path: Path, architecture: str, width: int) -> Path:
+    """A valid GGUF of the given architecture and width (a projector's output width for `clip`)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    if architecture == "clip":
+        writer.add_vision_projection_dim(width)
+    else:
+        writer.add_embedding_length(width)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 256), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncated", "{text}: truncated or corrupt GGUF (tensor token_embd.weight ends at byte "),
+    ("not gguf", "{text}: not a GGUF file (starts with b'PK\\x03\\x04', expected b'GGUF')"),
+    ("foreign", "{text}: not a Qwen3-VL text model: general.architecture is 'llama', expected 'qwen3vl'"),
+    ("text model as projector", "{projector}: not a vision projector (mmproj): general.architecture is 'qwen3vl', "
+                                "expected 'clip'"),
+    ("projector of another model", "{projector}: projects to width 64, but " + STEM + "-f16.gguf has embedding "
+                                   "length 256: the projector belongs to another model"),
+    ("no projector", "{gguf}: expected one mmproj-*.gguf, found 0"),
+])
+def test_bad_gguf_files_are_refused(damage, message, exported, tmp_path):
+    gguf_dir = tmp_path / "gguf"
+    shutil.copytree(exported.root / "gguf", gguf_dir)
+    text, projector = gguf_dir / f"{STEM}-f16.gguf", gguf_dir / f"mmproj-{STEM}-f16.gguf"
+    if damage == "truncated":
+        text.write_bytes(text.read_bytes()[: text.stat().st_size // 2])
+    elif damage == "not gguf":
+        text.write_bytes(b"PK\x03\x04 a zip archive")
+    elif damage == "foreign":
+        small_gguf(text, "llama", 256)
+    elif damage == "projector of another model":
+        small_gguf(projector, "clip", 64)
+    elif damage == "text model as projector":
+        shutil.copy(text, projector)
+    else:
+        projector.unlink()
+    with pytest.raises(rt.GGUFError) as error:
+        rt.find_gguf_files(gguf_dir)
+    assert str(error.value).startswith(message.format(text=text, projector=projector, gguf=gguf_dir))
+
+
+def test_stage_refuses_a_truncated_gguf_without_crashing(exported, tmp_path):
+    gguf_dir = tmp_path / "gguf"
+    shutil.copytree(exported.root / "gguf", gguf_dir)
+    quantized = gguf_dir / f"{STEM}-q4_k_m.gguf"
+    quantized.write_bytes(quantized.read_bytes()[:-1000])
+    result = stage("smoke", "--params", str(exported.params),
+                   *smoke_args(exported.root, gguf=gguf_dir, reports=tmp_path / "reports"))
+    assert result.returncode == 2, result.stderr[-2000:]  # not -11: llama.cpp never saw the file
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {quantized}: truncated or corrupt GGUF (tensor ")
+    assert not (tmp_path / "reports").exists()
+
+
+def test_stage_needs_the_merged_model(exported, tmp_path):
+    result = stage("smoke", "--params", str(exported.params),
+                   *smoke_args(exported.root, merged=tmp_path / "merged", reports=tmp_path / "reports"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (f"error: {tmp_path / 'merged'}: no merged model here (run the "
+                                                      "export stage: dvc repro export)")
+
+
+# --- Speed ----------------------------------------------------------------------------------------
+
+def test_benchmark_prints_tokens_per_second_and_the_ratio(exported):
+    command = [sys.executable, str(ROOT / "bench" / "gguf_vs_hf.py"), "--params", str(exported.params), "--merged",
+               str(exported.root / "merged"), "--gguf", str(exported.root / "gguf"), "--data",
+               str(exported.root / "shapes"), "--images", "2", "--max-new-tokens", "8", "--threads", "1"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^transformers float32: [0-9.]+ tokens/s \(16 tokens in ", result.stdout, re.MULTILINE)
+    assert re.search(rf"^llama.cpp {STEM}-q4_k_m.gguf: [0-9.]+ tokens/s \(16 tokens in ", result.stdout, re.MULTILINE)
+    assert re.search(r"^speed-up: [0-9.]+x \((meets|misses) the 2x goal\)$", result.stdout, re.MULTILINE)

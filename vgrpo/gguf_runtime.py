@@ -1,0 +1,453 @@
+"""The llama.cpp side of the export: read a GGUF's header before llama.cpp touches the file, answer
+image questions with llama-cpp-python (text GGUF + mmproj), and measure how closely those answers
+follow the merged transformers model's on the same images. `run_smoke` is the `smoke` stage.
+
+Parity is measured on tokens, not on meaning: the tiny random model answers garbage, but an export
+that is right answers the same garbage, token for token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import struct
+import sys
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import llama_cpp
+import llama_cpp.llama_cpp as llama_cpp_lib
+import llama_cpp.mtmd_cpp as mtmd_cpp
+import numpy as np
+import torch
+from llama_cpp.llama_chat_format import MTMDChatHandler
+
+from vgrpo import models
+from vgrpo.config import QUANTIZATIONS, Config, SmokeParams, VgrpoError
+from vgrpo.files import write_json, write_jsonl
+from vgrpo.prompts import hf_messages, llama_cpp_messages, parse_answer
+
+TEXT_ARCHITECTURE = "qwen3vl"  # general.architecture of Qwen3-VL's text GGUF
+PROJECTOR_ARCHITECTURE = "clip"  # ... of every llama.cpp mmproj
+FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16", **{ftype: name for name, ftype in QUANTIZATIONS.items()}}
+UNQUANTIZED = ("f32", "f16", "bf16")
+TOP_TOKENS = 10  # first-token log-probs are compared on the reference's most likely tokens, not the noisy tail
+_GGML_LOG_LEVEL_ERROR = 3
+
+
+class GGUFError(VgrpoError):
+    """A GGUF file that is missing, truncated, foreign, or that llama.cpp cannot load."""
+
+
+# --- Headers ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: Path
+    architecture: str
+    file_type: str  # "f16", "q4_k_m", ... from general.file_type
+    width: int  # text: embedding length; projector: the text width it projects to
+    tensor_types: dict[str, int]  # ggml type name -> number of tensors
+
+
+def read_gguf(path: Path, projector: bool = False) -> GGUFInfo:
+    """Check a GGUF's header and tensor table before llama.cpp reads the file: llama.cpp may crash on a
+    truncated or foreign file instead of failing."""
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"{path}: file not found")
+    with path.open("rb") as f:
+        magic = f.read(4)
+        if magic != b"GGUF":
+            raise GGUFError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        try:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                fields, tensor_types = _read_header(data)
+        except (ValueError, struct.error) as err:
+            raise GGUFError(f"{path}: truncated or corrupt GGUF ({err})") from None
+    architecture = fields.get("general.architecture")
+    expected = PROJECTOR_ARCHITECTURE if projector else TEXT_ARCHITECTURE
+    if architecture != expected:
+        role = "vision projector (mmproj)" if projector else "Qwen3-VL text model"
+        raise GGUFError(f"{path}: not a {role}: general.architecture is {architecture!r}, expected {expected!r}")
+    width_key = "clip.vision.projection_dim" if projector else f"{architecture}.embedding_length"
+    if width_key not in fields:
+        raise GGUFError(f"{path}: header lacks {width_key}")
+    file_type = fields.get("general.file_type")
+    return GGUFInfo(path=path, architecture=architecture, file_type=FILE_TYPES.get(file_type, f"ftype{file_type}"),
+                    width=int(fields[width_key]), tensor_types=dict(Counter(tensor_types).most_common()))
+
+
+# GGUF value type -> struct format. Arrays hold one of these or strings.
+_SCALARS = {gguf.GGUFValueType.UINT8: "B", gguf.GGUFValueType.INT8: "b", gguf.GGUFValueType.UINT16: "H",
+            gguf.GGUFValueType.INT16: "h", gguf.GGUFValueType.UINT32: "I", gguf.GGUFValueType.INT32: "i",
+            gguf.GGUFValueType.FLOAT32: "f", gguf.GGUFValueType.BOOL: "?", gguf.GGUFValueType.UINT64: "Q",
+            gguf.GGUFValueType.INT64: "q", gguf.GGUFValueType.FLOAT64: "d"}
+
+
+def _read_header(data) -> tuple[dict, list[str]]:
+    """The scalar metadata and every tensor's type, after checking that each tensor's data lies inside
+    the file. gguf.GGUFReader does the same but builds a numpy view per vocabulary entry: ~10 s for a
+    Qwen GGUF (450k entries) on this project's CPU. This walks the same layout, with the `gguf`
+    package's type tables, and skips arrays by their lengths."""
+    offset = 0
+
+    def take(fmt: str):
+        nonlocal offset
+        value = struct.unpack_from("<" + fmt, data, offset)[0]
+        offset += struct.calcsize("<" + fmt)
+        return value
+
+    def text() -> str:
+        nonlocal offset
+        length = take("Q")
+        if offset + length > len(data):
+            raise ValueError(f"a string runs past the end of the file at byte {offset}")
+        offset += length
+        return bytes(data[offset - length:offset]).decode("utf-8", errors="replace")
+
+    def value(kind: int):
+        nonlocal offset
+        kind = gguf.GGUFValueType(kind)
+        if kind == gguf.GGUFValueType.STRING:
+            return text()
+        if kind == gguf.GGUFValueType.ARRAY:  # not needed here: skipped
+            item, count = gguf.GGUFValueType(take("I")), take("Q")
+            if item in _SCALARS:
+                offset += count * struct.calcsize(_SCALARS[item])
+            else:
+                for _ in range(count):
+                    value(item)
+            return None
+        return take(_SCALARS[kind])
+
+    take("I")  # magic, checked by the caller
+    version = take("I")
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} (expected 2 or 3)")
+    tensor_count, field_count = take("Q"), take("Q")
+    fields = {}
+    for _ in range(field_count):
+        key = text()
+        fields[key] = value(take("I"))
+    tensors = []
+    for _ in range(tensor_count):
+        name, dims = text(), take("I")
+        shape = [take("Q") for _ in range(dims)]
+        kind, start = gguf.GGMLQuantizationType(take("I")), take("Q")
+        block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+        tensors.append((name, kind.name, start, math.prod(shape) // block * block_bytes))
+    alignment = fields.get("general.alignment") or gguf.GGUF_DEFAULT_ALIGNMENT
+    data_start = -(-offset // alignment) * alignment
+    for name, _, start, size in tensors:
+        if data_start + start + size > len(data):
+            raise ValueError(f"tensor {name} ends at byte {data_start + start + size}, the file has {len(data)}")
+    return fields, [kind for _, kind, _, _ in tensors]
+
+
+def find_gguf_files(gguf_dir: Path) -> tuple[list[GGUFInfo], GGUFInfo]:
+    """The text GGUFs of an export and its one projector (`mmproj-*.gguf`), headers checked, the
+    projector's output width matched against each text model's width."""
+    gguf_dir = Path(gguf_dir)
+    if not gguf_dir.is_dir():
+        raise GGUFError(f"{gguf_dir}: no GGUF directory (run the export stage: dvc repro export)")
+    projectors = sorted(gguf_dir.glob("mmproj-*.gguf"))
+    texts = sorted(p for p in gguf_dir.glob("*.gguf") if p not in projectors)
+    if len(projectors) != 1:
+        raise GGUFError(f"{gguf_dir}: expected one mmproj-*.gguf, found {len(projectors)}")
+    if not texts:
+        raise GGUFError(f"{gguf_dir}: no text model .gguf")
+    projector = read_gguf(projectors[0], projector=True)
+    infos = [read_gguf(path) for path in texts]
+    for info in infos:
+        if info.width != projector.width:
+            raise GGUFError(f"{projector.path}: projects to width {projector.width}, but {info.path.name} has "
+                            f"embedding length {info.width}: the projector belongs to another model")
+    return infos, projector
+
+
+def k_quant_share(tensor_types: dict[str, int]) -> float | None:
+    """Of the quantized tensors, the share in K-quants (Q2_K..Q6_K); llama.cpp falls back to legacy
+    types (q5_0, q8_0...) for rows whose length is not a multiple of 256. None when nothing is quantized."""
+    quantized = {name: n for name, n in tensor_types.items() if name not in ("F32", "F16", "BF16")}
+    total = sum(quantized.values())
+    return round(sum(n for name, n in quantized.items() if name.endswith("_K")) / total, 4) if total else None
+
+
+# --- llama.cpp ----------------------------------------------------------------------------------
+
+@llama_cpp.llama_log_callback
+def _errors_only(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if level == _GGML_LOG_LEVEL_ERROR:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+def quiet_llama_cpp() -> None:
+    """llama.cpp, its quantizer and mtmd log every tensor and image slice to stderr; keep errors only."""
+    llama_cpp.llama_log_set(_errors_only, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_log_set(_errors_only, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(_errors_only, ctypes.c_void_p(0))
+
+
+@contextmanager
+def open_llama(text: GGUFInfo, projector: GGUFInfo, params: SmokeParams):
+    """A llama-cpp-python model with its projector, closed on exit; yields it and the seconds both took to load."""
+    quiet_llama_cpp()
+    # Llama() has no argument for llama_model_params.use_extra_bufts (llama.cpp's --no-repack) and builds
+    # its params from llama_model_default_params(), so hand it defaults with the field set. Repacked and
+    # AMX weights crash (SIGSEGV in ggml_backend_amx_mul_mat) in VMs that advertise AMX without enabling it.
+    defaults = llama_cpp_lib.llama_model_default_params
+
+    def model_params():
+        model_params = defaults()
+        model_params.use_extra_bufts = params.cpu_repack
+        return model_params
+
+    start = time.perf_counter()
+    llama_cpp_lib.llama_model_default_params = model_params
+    handler = MTMDChatHandler(clip_model_path=str(projector.path), verbose=False)
+    try:
+        llama = llama_cpp.Llama(
+            model_path=str(text.path), chat_handler=handler, n_ctx=params.n_ctx, n_threads=params.n_threads,
+            n_threads_batch=params.n_threads, verbose=False,
+            n_gpu_layers=-1,  # everything on the GPU when llama.cpp was built with one; ignored otherwise
+        )
+    except ValueError as err:
+        raise GGUFError(f"{text.path}: llama.cpp cannot load it ({err})") from None
+    finally:
+        llama_cpp_lib.llama_model_default_params = defaults
+    try:
+        try:
+            handler._init_mtmd_context(llama)  # the projector loads lazily on the first image: load it now
+        except ValueError as err:
+            raise GGUFError(f"{projector.path}: llama.cpp cannot load the projector ({err})") from None
+        yield llama, time.perf_counter() - start
+    finally:
+        llama.close()
+
+
+@dataclass
+class Answer:
+    text: str
+    token_ids: list[int]  # generated ids, the end-of-turn token included when the model stopped
+    first_logprobs: np.ndarray  # log-probabilities of the first generated token, over the vocabulary
+    seconds: float  # the whole request: image encoding, prompt, generation
+
+
+def llama_answer(llama, question: str, image, max_tokens: int) -> Answer:
+    """Greedy answer from llama.cpp, with the ids it generated."""
+    return _llama_chat(llama, question, image, max_tokens)
+
+
+def llama_choices(llama, question: str, image, reference: list[int]) -> list[int]:
+    """llama.cpp's greedy choice at each position of `reference` while generation follows `reference`
+    (teacher forcing)."""
+    return _llama_chat(llama, question, image, len(reference), forced=reference).token_ids if reference else []
+
+
+def _llama_chat(llama, question: str, image, max_tokens: int, forced: list[int] | None = None) -> Answer:
+    ids, first = [], []
+
+    def record(input_ids, scores):
+        # Greedy takes the largest logit and repeat_penalty=1.0 leaves them unchanged, so the argmax
+        # here is the token llama.cpp emits: its own ids, without a detokenize/retokenize round trip
+        # (which would merge or split tokens of the random model's garbage).
+        if not ids:
+            first.append(_log_softmax(np.asarray(scores, dtype=np.float64)))
+        ids.append(int(np.argmax(scores)))
+        if forced is not None:
+            scores[:] = -np.inf
+            scores[forced[len(ids) - 1]] = 0.0
+        return scores
+
+    start = time.perf_counter()
+    try:
+        result = llama.create_chat_completion(
+            messages=llama_cpp_messages(question, image), temperature=0.0, repeat_penalty=1.0, seed=0,
+            max_tokens=max_tokens, logits_processor=llama_cpp.LogitsProcessorList([record]))
+    except ValueError as err:  # e.g. the image cannot be encoded, or the prompt exceeds n_ctx
+        raise GGUFError(f"{llama.model_path}: llama.cpp cannot answer an image question ({err})") from None
+    seconds = time.perf_counter() - start
+    return Answer(result["choices"][0]["message"]["content"] or "", ids, first[0], seconds)
+
+
+@torch.no_grad()
+def hf_answer(model, processor, question: str, image, max_new_tokens: int) -> Answer:
+    """Greedy answer from transformers, with the same prompt and image-token budget."""
+    inputs = processor.apply_chat_template(hf_messages(question, image), add_generation_prompt=True, tokenize=True,
+                                           return_dict=True, return_tensors="pt").to(model.device)
+    start = time.perf_counter()
+    out = model.generate(**inputs, do_sample=False, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+                         output_logits=True, return_dict_in_generate=True)
+    seconds = time.perf_counter() - start
+    ids = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    text = processor.tokenizer.decode(ids, skip_special_tokens=True)
+    return Answer(text, ids, _log_softmax(out.logits[0][0].double().cpu().numpy()), seconds)
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+# --- Runs and measures ----------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One model on the smoke images: its answers to each image's own question; the first-token
+    log-probabilities when every image is asked the same question (does the image change them?);
+    for llama.cpp, its choices along the reference's first tokens (teacher forcing)."""
+    answers: list[Answer]
+    probes: list[np.ndarray]
+    load_seconds: float
+    forced_choices: list[list[int]] | None = None
+
+
+def run_hf(merged_dir: Path, config: Config, samples: list[dict]) -> Run:
+    start = time.perf_counter()
+    processor = models.load_processor(str(merged_dir), config.model)
+    model = models.load_model(str(merged_dir), config.model).eval()
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    load_seconds = time.perf_counter() - start
+    max_new_tokens = config.smoke.max_new_tokens
+    probes = [hf_answer(model, processor, samples[0]["question"], s["image"], 1).first_logprobs for s in samples]
+    answers = [hf_answer(model, processor, s["question"], s["image"], max_new_tokens) for s in samples]
+    return Run(answers, probes, load_seconds)
+
+
+def run_llama(text: GGUFInfo, projector: GGUFInfo, samples: list[dict], params: SmokeParams, reference: Run) -> Run:
+    with open_llama(text, projector, params) as (llama, load_seconds):
+        probes = [llama_answer(llama, samples[0]["question"], s["image"], 1).first_logprobs for s in samples]
+        answers = [llama_answer(llama, s["question"], s["image"], params.max_new_tokens) for s in samples]
+        forced = [llama_choices(llama, s["question"], s["image"], r.token_ids[:params.first_k_tokens])
+                  for s, r in zip(samples, reference.answers, strict=True)]
+    return Run(answers, probes, load_seconds, forced)
+
+
+def token_agreement(choices: list[int], reference: list[int]) -> float:
+    """Share of the reference's tokens that llama.cpp also chose, each given the reference's own
+    prefix. Comparing free-running answers instead would let one near-tie (a top-2 margin below
+    f16 rounding, common in a random model) flip a token and count everything after it as wrong."""
+    # Not strict: llama.cpp stops early on an end-of-generation token that transformers does not stop on.
+    return sum(a == b for a, b in zip(choices, reference, strict=False)) / len(reference) if reference else 1.0
+
+
+def image_spread(probes: list[np.ndarray]) -> float:
+    """How far the first-token log-probabilities move across images asked the same question (max
+    absolute difference from the first image's). 0 means the image is ignored."""
+    return float(max(np.abs(p - probes[0]).max() for p in probes))
+
+
+def top_logprob_diff(logprobs: np.ndarray, reference: np.ndarray) -> float:
+    """Largest |log p - log p_ref| over the reference's TOP_TOKENS most likely tokens."""
+    top = np.argsort(-reference)[:TOP_TOKENS]
+    return float(np.abs(logprobs[top] - reference[top]).max())
+
+
+def tokens_per_second(answers: list[Answer]) -> float:
+    return sum(len(a.token_ids) for a in answers) / sum(a.seconds for a in answers)
+
+
+def scores(run: Run, samples: list[dict]) -> dict:
+    """Load time, speed, and the task: how often an answer parses, how often it is right."""
+    parsed = [parse_answer(a.text) for a in run.answers]
+    return {
+        "load_seconds": round(run.load_seconds, 3),
+        "tokens_per_second": round(tokens_per_second(run.answers), 2),
+        "parse_rate": _mean([p is not None for p in parsed]),
+        "accuracy": _mean([p == int(s["answer"]) for p, s in zip(parsed, samples, strict=True)]),
+        "image_spread": round(image_spread(run.probes), 6),
+    }
+
+
+def parity(run: Run, reference: Run, k: int) -> dict:
+    """How closely a llama.cpp run follows the reference (the merged HF model) on the same images."""
+    pairs = list(zip(run.answers, reference.answers, strict=True))
+    reference_spread = image_spread(reference.probes)
+    return {
+        "first_k_token_agreement": _mean([token_agreement(c, r.token_ids[:k])
+                                          for c, (_, r) in zip(run.forced_choices, pairs, strict=True)]),
+        "first_token_logprob_diff": round(max(top_logprob_diff(a.first_logprobs, r.first_logprobs)
+                                              for a, r in pairs), 6),
+        "answer_agreement": _mean([parse_answer(a.text) == parse_answer(r.text) for a, r in pairs]),
+        "same_answers": _mean([a.token_ids == r.token_ids for a, r in pairs]),
+        "distinct_answers": len({tuple(a.token_ids) for a in run.answers}),
+        "image_spread_ratio": round(image_spread(run.probes) / reference_spread, 4) if reference_spread > 0 else 0.0,
+    }
+
+
+def _mean(values) -> float:
+    values = [float(v) for v in values]
+    return round(sum(values) / len(values), 4) if values else 0.0
+
+
+def gate_failures(file_metrics: dict[str, dict], params: SmokeParams) -> list[str]:
+    """One line per missed threshold: file, measure, value, threshold."""
+    failures = []
+    for m in file_metrics.values():
+        if m["file_type"] in UNQUANTIZED:
+            checks = [("first_k_token_agreement", ">=", "min_f16_token_agreement"),
+                      ("first_token_logprob_diff", "<=", "max_f16_logprob_diff")]
+        else:
+            checks = [("answer_agreement", ">=", "min_quant_answer_agreement")]
+        if params.require_image_sensitivity:
+            checks.append(("image_spread_ratio", ">=", "min_image_spread_ratio"))
+        for measure_name, sense, key in checks:
+            value, threshold = m[measure_name], getattr(params, key)
+            if (value < threshold) if sense == ">=" else (value > threshold):
+                missed = "<" if sense == ">=" else ">"
+                failures.append(f"{m['path']}: {measure_name} {value:.4g} {missed} {threshold:g} (smoke.{key})")
+    return failures
+
+
+# --- The stage ------------------------------------------------------------------------------------
+
+def smoke_samples(data_dir: Path, n: int) -> list[dict]:
+    from vgrpo.shapes import load_dataset
+
+    test = load_dataset(data_dir, splits=("test",))["test"]
+    if len(test) < n:
+        raise VgrpoError(f"{data_dir}: the test split has {len(test)} images, smoke.num_images asks for {n}")
+    return [test[i] for i in range(n)]
+
+
+def check_merged(merged_dir: Path) -> None:
+    if not (Path(merged_dir) / "config.json").is_file() or not any(Path(merged_dir).glob("*.safetensors")):
+        raise VgrpoError(f"{merged_dir}: no merged model here (run the export stage: dvc repro export)")
+
+
+def run_smoke(config: Config, merged_dir: Path, gguf_dir: Path, data_dir: Path, reports_dir: Path,
+              log=print) -> tuple[dict, list[str]]:
+    """Answer the same test images with the merged HF model and every GGUF; write metrics and
+    predictions; return the metrics and the thresholds missed."""
+    params = config.smoke
+    check_merged(merged_dir)
+    texts, projector = find_gguf_files(gguf_dir)  # every header, before any model loads
+    samples = smoke_samples(data_dir, params.num_images)
+    torch.set_num_threads(params.n_threads)  # the same CPU threads on both sides
+
+    runs = {"hf": run_hf(merged_dir, config, samples)}
+    log(f"smoke: hf {tokens_per_second(runs['hf'].answers):.1f} tokens/s")
+    files = {}
+    for text in texts:
+        run = runs[text.path.name] = run_llama(text, projector, samples, params, runs["hf"])
+        m = files[text.path.name] = {
+            "path": str(text.path), "file_type": text.file_type, "mmproj": projector.path.name,
+            **scores(run, samples), **parity(run, runs["hf"], params.first_k_tokens),
+            "tensor_types": text.tensor_types, "k_quant_share": k_quant_share(text.tensor_types)}
+        log(f"smoke: {text.path.name} {m['tokens_per_second']:.1f} tokens/s, first-{params.first_k_tokens} token "
+            f"agreement {m['first_k_token_agreement']}, first-token log-prob diff {m['first_token_logprob_diff']}")
+    metrics = {"num_images": len(samples), "first_k_tokens": params.first_k_tokens,
+               "hf": scores(runs["hf"], samples), "files": files}
+    records = [{"model": name, "id": s["id"], "question": s["question"], "answer": s["answer"],
+                "completion": a.text, "parsed": parse_answer(a.text), "tokens": len(a.token_ids)}
+               for name, run in runs.items() for s, a in zip(samples, run.answers, strict=True)]
+    write_jsonl(Path(reports_dir) / "predictions.jsonl", records)
+    write_json(Path(reports_dir) / "metrics.json", metrics)
+    return metrics, gate_failures(files, params)
