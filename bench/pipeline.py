@@ -24,27 +24,42 @@ FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignor
 
 
 def sh(command: list[str], cwd: Path) -> str:
+    """Run with the venv on PATH and the clone's own vgrpo first on PYTHONPATH; stdout + stderr."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(cwd)}
-    return subprocess.run(command, cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout[-3000:]}"
+                         f"\n{result.stderr[-3000:]}")
+    return result.stdout + result.stderr
 
 
-@click.command()
-@click.option("--keep", is_flag=True, help="Keep the throwaway clone and print its path.")
-def main(keep: bool) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="vgrpo-bench-"))
-    repo = tmp / "repo"
-    for rel in FILES:
+def make_clone(repo: Path) -> None:
+    """The pipeline's files in a new git + DVC repo with one commit (`dvc exp run` needs a commit)."""
+    repo.mkdir(parents=True)
+    sh(["git", "init", "-q"], repo)
+    sh(["dvc", "init", "-q"], repo)
+    for rel in FILES:  # after `dvc init`, so the project's .dvc/config (cache link types) wins
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         copy = shutil.copytree if (ROOT / rel).is_dir() else shutil.copy2
         copy(ROOT / rel, repo / rel)
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q", "--force"], ["git", "add", "-A"],
-                    ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "bench"]):
-        sh(command, repo)
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "bench"], repo)
+
+
+@click.command()
+@click.option("--repo", "repo_path", type=click.Path(path_type=Path),
+              help="Run in this prepared git + DVC repo and keep it (tests do) [default: a temp clone, removed].")
+def main(repo_path: Path | None) -> None:
+    tmp = None if repo_path else Path(tempfile.mkdtemp(prefix="vgrpo-bench-"))
+    repo = repo_path or tmp / "repo"
+    if tmp:
+        make_clone(repo)
 
     start = time.perf_counter()
-    sh(["dvc", "exp", "run", "-S", "profile=tiny"], repo)
+    log = sh(["dvc", "exp", "run", "-S", "profile=tiny"], repo)
     wall = time.perf_counter() - start
+    (repo / "exp-run.log").write_text(log)
     peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB
 
     start = time.perf_counter()
@@ -56,9 +71,7 @@ def main(keep: bool) -> None:
     print(f"peak memory (largest RSS) : {peak_gb:7.2f} GB (goal <= 6 GB)")
     print(f"no-op dvc repro           : {noop:7.2f} s  (goal <= 5 s)")
     print(f"machine                   : {os.cpu_count()} CPUs")
-    if keep:
-        print(f"clone kept at {repo}")
-    else:
+    if tmp:
         shutil.rmtree(tmp)
 
 

@@ -25,7 +25,8 @@ def main(params_path, data_dir, adapter_dir, reports_dir) -> None:
         quiet_libraries()
         from tqdm import tqdm
 
-        from vgrpo.evaluation import MODELS, check_adapter
+        from vgrpo.evaluation import MODELS
+        from vgrpo.models import check_adapter
         from vgrpo.shapes import load_dataset
 
         check_adapter(Path(adapter_dir))  # inputs first: nothing loads when one is missing

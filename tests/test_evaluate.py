@@ -176,6 +176,7 @@ def fake_adapter(tmp_path):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"")  # present: the stage must stop on the other input
     return adapter
 
 

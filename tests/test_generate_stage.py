@@ -75,7 +75,7 @@ from vgrpo import shapes
 from vgrpo.config import load_config
 import os
 def crash(self, path, *a, **k):  # dies half-way through writing
-    os.makedirs(path)
+    os.makedirs(path, exist_ok=True)
     open(os.path.join(path, "partial.arrow"), "w").write("x")
     raise KeyboardInterrupt
 datasets.DatasetDict.save_to_disk = crash

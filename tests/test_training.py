@@ -191,7 +191,8 @@ BAD_TRAIN = [
     ("unsloth on a CPU", {"backend": "unsloth"}, "error: params.yaml: train.backend: unsloth needs a CUDA GPU"),
     ("8-bit Adam on a CPU", {"optim": "adamw_8bit"}, "error: params.yaml: train.optim: adamw_8bit (bitsandbytes)"),
     ("4-bit on a CPU", {"load_in_4bit": True}, "error: params.yaml: train.load_in_4bit: 4-bit loading needs"),
-    ("vLLM on a CPU", {"use_vllm": True}, "error: params.yaml: train.use_vllm: vLLM needs a CUDA GPU"),
+    ("vLLM on a CPU", {"use_vllm": True, "finetune_vision_layers": False},
+     "error: params.yaml: train.use_vllm: vLLM needs a CUDA GPU"),
     ("unknown reward", {"rewards": {"vibes": 1.0}},
      "error: params.yaml: train.rewards.vibes: unknown reward (expected one of correctness_tags, format_tags, "
      "correctness_free, description, reasoning)"),

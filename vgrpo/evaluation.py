@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -20,18 +19,13 @@ import torch
 from PIL import Image
 
 from vgrpo import models
-from vgrpo.config import Config, EvaluateParams, VgrpoError
-from vgrpo.files import atomic_dir, write_json
+from vgrpo.config import Config, EvaluateParams
+from vgrpo.files import atomic_dir, write_json, write_jsonl
 from vgrpo.prompts import REASONING_END, REASONING_START, SOLUTION_START, hf_messages, parse_answer
 from vgrpo.rewards import REWARDS
 
 MODELS = ("base", "trained")
 REASONING_BINS = (0, 16, 32, 64, 128, 256, 512, 10**9)  # tokens; edges of the accuracy-vs-length plot
-
-
-def check_adapter(adapter_dir: Path) -> None:
-    if not (adapter_dir / "adapter_config.json").is_file():
-        raise VgrpoError(f"{adapter_dir}: no LoRA adapter here (run the train stage: dvc repro train)")
 
 
 def load_base_and_adapter(config: Config, adapter_dir: Path):
@@ -186,7 +180,7 @@ def run_evaluation(config: Config, data_dir: Path, adapter_dir: Path, reports_di
     from vgrpo.shapes import load_dataset
 
     params = config.evaluate
-    check_adapter(adapter_dir)
+    models.check_adapter(adapter_dir)
     dataset = load_dataset(data_dir, splits=tuple(params.splits))
     model, processor = load_base_and_adapter(config, adapter_dir)
 
@@ -255,12 +249,8 @@ def _side_by_side(panels: list[Image.Image]) -> Image.Image:
 
 def write_predictions(path: Path, records: dict[tuple[str, str], list[dict]]) -> None:
     """One line per sample and model."""
-    lines = [json.dumps({"split": split, "model": name, **record})
-             for (split, name), rows in records.items() for record in rows]
-    tmp = path.with_name(f".{path.name}.tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    write_jsonl(path, ({"split": split, "model": name, **record}
+                       for (split, name), rows in records.items() for record in rows))
 
 
 def write_plots(plots_dir: Path, records: dict[tuple[str, str], list[dict]]) -> None:

@@ -36,12 +36,6 @@ class ExportError(VgrpoError):
     """The adapter, the converter or the quantizer cannot produce the export."""
 
 
-def check_adapter(adapter_dir: Path) -> None:
-    adapter_dir = Path(adapter_dir)
-    if not (adapter_dir / "adapter_config.json").is_file() or not (adapter_dir / "adapter_model.safetensors").is_file():
-        raise ExportError(f"{adapter_dir}: no LoRA adapter here (run the train stage: dvc repro train)")
-
-
 def gguf_stem(model: ModelParams) -> str:
     base = "qwen3vl-tiny" if model.name == "tiny" else Path(model.name).name
     return f"{base}-shapes-grpo"
@@ -54,7 +48,7 @@ def merge_adapter(config: Config, adapter_dir: Path, merged_dir: Path) -> None:
     tiny model), saved with the processor and chat template the adapter was trained with."""
     from peft import PeftModel
 
-    check_adapter(adapter_dir)
+    models.check_adapter(adapter_dir)
     # The base comes from params, not from adapter_config.json, whose path is the training machine's.
     base = models.load_model(models.base_model_path(config.model),
                              dataclasses.replace(config.model, dtype=config.export.merged_dtype))
@@ -99,7 +93,7 @@ def run_export(config: Config, adapter_dir: Path, merged_dir: Path, gguf_dir: Pa
     """The `export` stage: merge, convert, quantize, write the card. Each directory is swapped in
     whole, so a failure leaves the previous export as it was."""
     start = time.perf_counter()
-    check_adapter(adapter_dir)
+    models.check_adapter(adapter_dir)
     llama_cpp_dir()  # a missing converter fails here, not after the merge
     merge_adapter(config, adapter_dir, merged_dir)
     stem = gguf_stem(config.model)

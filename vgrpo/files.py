@@ -46,3 +46,14 @@ def write_jsonl(path: str | Path, rows) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
     tmp.replace(path)
+
+
+def detach(path: str | Path) -> None:
+    """Give every file under `path` a copy of its own. DVC links outputs to its cache (hard links or
+    symlinks); a stage that appends to an output in place, like a resumed DVCLive run, must first
+    stop sharing it, or it would write into the cache."""
+    for file in [p for p in Path(path).rglob("*") if p.is_file() or p.is_symlink()]:
+        data = file.read_bytes()
+        tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        tmp.replace(file)

@@ -448,6 +448,8 @@ def run_smoke(config: Config, merged_dir: Path, gguf_dir: Path, data_dir: Path, 
     records = [{"model": name, "id": s["id"], "question": s["question"], "answer": s["answer"],
                 "completion": a.text, "parsed": parse_answer(a.text), "tokens": len(a.token_ids)}
                for name, run in runs.items() for s, a in zip(samples, run.answers, strict=True)]
+    failures = gate_failures(files, params)
+    metrics["gate"] = {"passed": not failures, "failures": failures}
     write_jsonl(Path(reports_dir) / "predictions.jsonl", records)
     write_json(Path(reports_dir) / "metrics.json", metrics)
-    return metrics, gate_failures(files, params)
+    return metrics, failures

@@ -8,11 +8,12 @@ language decoder's and the vision tower's attention and MLP projections, each pa
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from vgrpo.config import ConfigError, ModelParams, TrainParams
+from vgrpo.config import ConfigError, ModelParams, TrainParams, VgrpoError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,13 @@ def load_processor(path: str, model: ModelParams):
 def load_model(path: str, model: ModelParams, attn_implementation: str | None = None):
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[model.dtype], **kwargs)
+
+
+def check_adapter(adapter_dir: Path) -> None:
+    """A LoRA adapter written by the train stage is there, or a one-line error says how to make it."""
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file() or not (adapter_dir / "adapter_model.safetensors").is_file():
+        raise VgrpoError(f"{adapter_dir}: no LoRA adapter here (run the train stage: dvc repro train)")
 
 
 def lora_target_modules(train: TrainParams) -> str:

@@ -19,7 +19,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from vgrpo import models
 from vgrpo.config import Config, ConfigError, TrainParams
-from vgrpo.files import atomic_dir
+from vgrpo.files import atomic_dir, detach
 from vgrpo.prompts import hf_messages
 from vgrpo.rewards import reward_functions
 from vgrpo.shapes import load_dataset
@@ -104,17 +104,18 @@ class LiveCurves(TrainerCallback):
 
 
 def trim_curves(reports_dir: Path, last_step: int) -> None:
-    """Drop logged rows after the checkpoint a run resumes from: those steps are trained again."""
+    """Before a resumed run appends to the curves: unlink them from DVC's cache, and drop the rows
+    logged after the checkpoint it resumes from (those steps are trained again)."""
+    detach(reports_dir)
     for tsv in (reports_dir / "plots" / "metrics").rglob("*.tsv"):
         with tsv.open() as f:
             rows = list(csv.DictReader(f, delimiter="\t"))
         if not rows:
             continue
-        kept = [row for row in rows if int(row["step"]) <= last_step]
         with tsv.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t")
             writer.writeheader()
-            writer.writerows(kept)
+            writer.writerows(row for row in rows if int(row["step"]) <= last_step)
 
 
 def check_prompt_length(dataset, processor, max_prompt_length: int) -> int:
@@ -182,9 +183,9 @@ def run_training(config: Config, backend: str, data_dir: Path, adapter_dir: Path
 
     callbacks = []
     if main_process:
-        live = Live(str(reports_dir), resume=bool(resume_from), dvcyaml=None, save_dvc_exp=False, report=None)
-        if resume_from:
+        if resume_from and reports_dir.is_dir():
             trim_curves(reports_dir, int(Path(resume_from).name.split("-")[-1]))
+        live = Live(str(reports_dir), resume=bool(resume_from), dvcyaml=None, save_dvc_exp=False, report=None)
         callbacks.append(LiveCurves(live))
     trainer = build_trainer(config, model, processor, dataset, reward_funcs, reward_weights, checkpoints_dir,
                             callbacks=callbacks, cuda=cuda)

@@ -1,0 +1,51 @@
+"""The CPU demo end to end: `dvc exp run -S profile=tiny` through `smoke` in a throwaway clone."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from conftest import run
+
+
+def declared(repo, kind: str) -> list[str]:
+    """Paths that dvc.yaml declares as `kind` (metrics or plots) in its stages."""
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    paths = []
+    for stage in stages.values():
+        for entry in stage.get(kind, []):
+            paths.append(entry if isinstance(entry, str) else next(iter(entry)))
+    return paths
+
+
+def test_every_stage_ran(tiny_pipeline):
+    log = (tiny_pipeline / "exp-run.log").read_text()
+    for stage in ("generate", "train", "evaluate", "export", "smoke"):
+        assert f"Running stage '{stage}'" in log, stage
+    assert "Running stage" not in run(["dvc", "repro"], tiny_pipeline).stdout  # nothing left to do
+    assert (tiny_pipeline / "models/adapter/adapter_model.safetensors").exists()
+    assert (tiny_pipeline / "reports/train/plots/metrics/train/reward.tsv").exists()  # DVCLive curves
+    assert json.loads((tiny_pipeline / "reports/train/metrics.json").read_text())["backend"] == "hf"
+
+
+def test_every_declared_metric_file_exists_and_parses(tiny_pipeline):
+    metrics = declared(tiny_pipeline, "metrics")
+    assert {"reports/train/metrics.json", "reports/eval/metrics.json", "reports/smoke/metrics.json"} <= set(metrics)
+    for path in metrics:
+        assert isinstance(json.loads((tiny_pipeline / path).read_text()), dict), path
+    for path in declared(tiny_pipeline, "plots"):
+        assert (tiny_pipeline / path).exists(), path
+
+
+def test_smoke_gate_passed(tiny_pipeline):
+    smoke = json.loads((tiny_pipeline / "reports/smoke/metrics.json").read_text())
+    assert smoke["gate"] == {"passed": True, "failures": []}
+
+
+def test_exp_show_lists_the_run(tiny_pipeline):
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], tiny_pipeline).stdout)
+    experiments = [exp for commit in shown for exp in (commit.get("experiments") or [])]
+    assert experiments, shown
+    params = [rev["data"]["params"]["params.yaml"]["data"] for exp in experiments for rev in exp["revs"]]
+    assert any(p.get("profile") == "tiny" for p in params)
+    assert "tiny" in run(["dvc", "exp", "show", "--no-pager"], tiny_pipeline).stdout
