@@ -133,6 +133,17 @@ def test_ssh_remote_push_and_pull(published, sshd, tmp_path):
     assert_restored(clone)
 
 
+def test_pointing_the_remote_at_s3_or_ssh(published, tmp_path):
+    """The README's commands change the project's remote URL and the local key file."""
+    clone = fresh_clone(published, tmp_path / "clone", str(tmp_path / "unused"))
+    run(["dvc", "remote", "modify", "storage", "url", "s3://my-bucket/vgrpo"], clone)
+    assert "url = s3://my-bucket/vgrpo" in (clone / ".dvc/config").read_text()
+    run(["dvc", "remote", "modify", "storage", "url", "ssh://user@host/srv/vgrpo"], clone)
+    assert "url = ssh://user@host/srv/vgrpo" in (clone / ".dvc/config").read_text()
+    run(["dvc", "remote", "modify", "--local", "storage", "keyfile", "~/.ssh/id_ed25519"], clone)
+    assert "keyfile" in (clone / ".dvc/config.local").read_text()
+
+
 def test_readme_shows_s3_ssh_and_warns_about_host_keys():
     readme = (ROOT / "README.md").read_text()
     assert "dvc remote modify storage url s3://" in readme

@@ -1,0 +1,20 @@
+"""The benchmark scripts run and print their figures (with small sizes; the README's figures come from
+the full sizes). Speed is measured by these scripts, never asserted by a test."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT, run
+
+
+def test_generate_benchmark():
+    out = run(["python", str(ROOT / "bench/generate.py"), "--images", "200"], ROOT).stdout
+    assert re.search(r"verified generate : +[\d.]+ images/s", out)
+    assert re.search(r"naive label errors: +[\d.]+%", out)
+
+
+def test_evaluate_speed_benchmark():
+    out = run(["python", str(ROOT / "bench/evaluate_speed.py"), "--samples", "4", "--batch-size", "4",
+               "--max-new-tokens", "4"], ROOT).stdout
+    assert re.search(r"speed-up +: +[\d.]+x", out)
