@@ -91,6 +91,16 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory) -> Path:
+    """data/shapes of the tiny profile, written once by the generate stage. Read it; copy it to change it."""
+    out = tmp_path_factory.mktemp("tiny-data") / "shapes"
+    params = write_params(out.parent / "params.yaml", tiny_params())
+    result = stage("generate", "--params", str(params), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory) -> Path:
     """The whole pipeline run once on the tiny profile (`dvc exp run -S profile=tiny`) in a throwaway
     repo, by the pipeline benchmark (which prints its wall time and peak memory into the test log).

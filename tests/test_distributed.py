@@ -16,12 +16,9 @@ from vgrpo import distributed
 from vgrpo.config import ConfigError, config_from_dict
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist") / "shapes"
-    params = write_params(out.parent / "params.yaml", tiny_params())
-    assert stage("generate", "--params", str(params), "--out", str(out)).returncode == 0
-    return out
+@pytest.fixture
+def data(tiny_dataset):
+    return tiny_dataset
 
 
 def run_train(tmp_path, data, **train):

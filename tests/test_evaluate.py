@@ -153,14 +153,6 @@ def test_changing_an_evaluate_param_reruns_evaluate_only(tiny_pipeline, tmp_path
 
 # --- Bad input: one line, exit 2, nothing loaded -----------------------------------------------
 
-@pytest.fixture(scope="module")
-def small_dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("evaldata") / "shapes"
-    params = write_params(out.parent / "params.yaml", tiny_params())
-    assert stage("generate", "--params", str(params), "--out", str(out)).returncode == 0
-    return out
-
-
 def evaluate_stage(tmp_path, params_raw, data, adapter):
     params = write_params(tmp_path / "params.yaml", params_raw)
     cache = tmp_path / "cache"
@@ -180,8 +172,8 @@ def fake_adapter(tmp_path):
     return adapter
 
 
-def test_missing_adapter(tmp_path, small_dataset):
-    line = evaluate_stage(tmp_path, tiny_params(), small_dataset, tmp_path / "nowhere")
+def test_missing_adapter(tmp_path, tiny_dataset):
+    line = evaluate_stage(tmp_path, tiny_params(), tiny_dataset, tmp_path / "nowhere")
     assert line == f"error: {tmp_path / 'nowhere'}: no LoRA adapter here (run the train stage: dvc repro train)"
 
 
@@ -190,11 +182,11 @@ def test_missing_dataset(tmp_path):
     assert "no dataset here (run the generate stage" in line
 
 
-def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, small_dataset):
+def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, tiny_dataset):
     import shutil
 
     data = tmp_path / "shapes"
-    shutil.copytree(small_dataset, data)
+    shutil.copytree(tiny_dataset, data)
     shutil.rmtree(data / "ood")
     (data / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "val", "test"]}))
     line = evaluate_stage(tmp_path, tiny_params(), data, fake_adapter(tmp_path))
@@ -205,6 +197,6 @@ def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, small_data
     ({"splits": ["val", "holdout"]}, "evaluate.splits[1]: expected one of train, val, test, ood, got 'holdout'"),
     ({"batch_size": 0}, "evaluate.batch_size: expected an integer >= 1, got 0"),
 ])
-def test_bad_evaluate_params(changes, message, tmp_path, small_dataset):
-    line = evaluate_stage(tmp_path, tiny_params(evaluate=changes), small_dataset, fake_adapter(tmp_path))
+def test_bad_evaluate_params(changes, message, tmp_path, tiny_dataset):
+    line = evaluate_stage(tmp_path, tiny_params(evaluate=changes), tiny_dataset, fake_adapter(tmp_path))
     assert line == f"error: params.yaml: profiles.tiny.{message}"

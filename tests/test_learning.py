@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import stage, tiny_params, write_params
+from conftest import tiny_params
 
 from vgrpo import models
 from vgrpo.config import config_from_dict
@@ -39,11 +39,8 @@ def learning_config(**changes):
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("learning") / "shapes"
-    params = write_params(out.parent / "params.yaml", tiny_params())
-    assert stage("generate", "--params", str(params), "--out", str(out)).returncode == 0
-    return load_dataset(out)
+def dataset(tiny_dataset):
+    return load_dataset(tiny_dataset)
 
 
 def train(config, dataset, output_dir):

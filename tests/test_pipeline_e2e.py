@@ -48,4 +48,5 @@ def test_exp_show_lists_the_run(tiny_pipeline):
     assert experiments, shown
     params = [rev["data"]["params"]["params.yaml"]["data"] for exp in experiments for rev in exp["revs"]]
     assert any(p.get("profile") == "tiny" for p in params)
-    assert "tiny" in run(["dvc", "exp", "show", "--no-pager"], tiny_pipeline).stdout
+    table = run(["dvc", "exp", "show", "--md"], tiny_pipeline).stdout
+    assert any("└──" in row and "| tiny " in row for row in table.splitlines())  # the experiment, profile tiny

@@ -26,6 +26,7 @@ RUN_BY = {
     "dvc pull": "tests/test_remote.py",
     "dvc pull models/gguf": "tests/test_remote.py",
     "dvc pull smoke": "tests/test_remote.py",
+    "dvc checkout --relink": "tests/test_remote.py",
     "python bench/generate.py --images 4000": "tests/test_benchmarks.py",
     "python bench/pipeline.py": "tests/conftest.py",
     "python bench/evaluate_speed.py": "tests/test_benchmarks.py",

@@ -31,9 +31,10 @@ def published(tiny_pipeline, tmp_path_factory) -> Path:
     return repo
 
 
-def fresh_clone(repo: Path, dest: Path, remote_url: str, keyfile: Path | None = None) -> Path:
+def fresh_clone(repo: Path, dest: Path, remote_url: str | None = None, keyfile: Path | None = None) -> Path:
     run(["git", "clone", "-q", str(repo), str(dest)], dest.parent)
-    run(["dvc", "remote", "modify", "--local", "storage", "url", remote_url], dest)
+    if remote_url:
+        run(["dvc", "remote", "modify", "--local", "storage", "url", remote_url], dest)
     if keyfile:
         run(["dvc", "remote", "modify", "--local", "storage", "keyfile", str(keyfile)], dest)
     return dest
@@ -59,6 +60,7 @@ def test_push_fresh_clone_pull_runs_nothing(published, tmp_path):
     assert not (clone / "models/gguf").exists()
     run(["dvc", "pull"], clone)
     assert_restored(clone)
+    assert_linked(clone)  # pulled outputs are links into the cache, not second copies
 
     # A single stage's outputs only: `dvc pull smoke` brings the smoke reports, not the dataset or models.
     partial = fresh_clone(published, tmp_path / "partial", str(remote))
@@ -70,11 +72,18 @@ def test_push_fresh_clone_pull_runs_nothing(published, tmp_path):
     assert list((partial / "models/gguf").glob("*.gguf")) and not (partial / "models/merged").exists()
 
 
-def test_outputs_are_linked_not_copied(published):
-    """With the hardlink (or reflink/symlink) cache type a model file is stored once, not twice."""
-    for model_file in [*(published / "models/gguf").glob("*.gguf"), published / "models/merged/model.safetensors"]:
-        # This machine's filesystem has no reflinks, so DVC falls back to hard links (or symlinks).
+def assert_linked(repo: Path) -> None:
+    """A model file is stored once: the workspace file is the cache's (this machine's filesystem has no
+    reflinks, so DVC falls back to hard links)."""
+    for model_file in [*(repo / "models/gguf").glob("*.gguf"), repo / "models/merged/model.safetensors"]:
         assert model_file.is_symlink() or model_file.stat().st_nlink > 1, model_file
+
+
+def test_relink_stores_fresh_outputs_once(published):
+    """DVC copies what a stage just wrote into its cache; `dvc checkout --relink` swaps the copies for links."""
+    run(["dvc", "checkout", "--relink"], published)
+    assert_linked(published)
+    assert "up to date" in run(["dvc", "status"], published).stdout
 
 
 # --- A real SSH remote ----------------------------------------------------------------------------
@@ -135,7 +144,7 @@ def test_ssh_remote_push_and_pull(published, sshd, tmp_path):
 
 def test_pointing_the_remote_at_s3_or_ssh(published, tmp_path):
     """The README's commands change the project's remote URL and the local key file."""
-    clone = fresh_clone(published, tmp_path / "clone", str(tmp_path / "unused"))
+    clone = fresh_clone(published, tmp_path / "clone")
     run(["dvc", "remote", "modify", "storage", "url", "s3://my-bucket/vgrpo"], clone)
     assert "url = s3://my-bucket/vgrpo" in (clone / ".dvc/config").read_text()
     run(["dvc", "remote", "modify", "storage", "url", "ssh://user@host/srv/vgrpo"], clone)

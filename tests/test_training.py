@@ -24,14 +24,6 @@ def tiny_config(**train_changes):
     return dataclasses.replace(config, train=dataclasses.replace(config.train, **train_changes))
 
 
-@pytest.fixture(scope="module")
-def tiny_dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "shapes"
-    params = write_params(out.parent / "params.yaml", tiny_params())
-    assert stage("generate", "--params", str(params), "--out", str(out)).returncode == 0
-    return out
-
-
 # --- GRPOConfig from params -------------------------------------------------------------------
 
 @pytest.mark.parametrize("profile", ["full", "book", "tiny"])
