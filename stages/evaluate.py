@@ -31,7 +31,8 @@ def main(params_path, data_dir, adapter_dir, reports_dir) -> None:
 
         check_adapter(Path(adapter_dir))  # inputs first: nothing loads when one is missing
         dataset = load_dataset(data_dir, splits=tuple(config.evaluate.splits))
-        total = len(MODELS) * sum(min(config.evaluate.max_samples, len(dataset[s])) for s in config.evaluate.splits)
+        caps = config.evaluate.max_samples
+        total = len(MODELS) * sum(min(caps[split], len(dataset[split])) for split in config.evaluate.splits)
 
         from vgrpo.evaluation import run_evaluation
 

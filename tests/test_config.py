@@ -73,6 +73,10 @@ BAD_INPUTS = [
      "params.yaml: train.num_generations: 3 does not divide the generation batch 2"),
     ("unknown quantization", lambda r: set_key(r, "export.quantizations", ["q4_k_m", "q4_k_xl"]),
      "params.yaml: export.quantizations: unknown quantization 'q4_k_xl' (expected one of q4_0"),
+    ("cap for an unknown split", lambda r: set_key(r, "evaluate.max_samples", {"val": 5, "holdout": 5}),
+     "params.yaml: evaluate.max_samples.holdout: unknown split (expected one of train, val, test, ood)"),
+    ("split without a cap", lambda r: set_key(r, "evaluate.max_samples", {"val": 5, "test": 5}),
+     "params.yaml: evaluate.max_samples: no cap for split 'ood' (listed in evaluate.splits)"),
     ("shape larger than the image", lambda r: set_key(r, "generate.max_shape_size", 300),
      "params.yaml: generate.max_shape_size: does not fit in a 256px image"),
 ]

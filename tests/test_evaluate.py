@@ -106,14 +106,14 @@ def test_metrics_predictions_plots_and_heatmaps(tiny_pipeline):
         assert set(metrics[split]) == {"base", "trained", "trained_minus_base"}
         for name in ("base", "trained"):
             assert set(PER_MODEL) <= set(metrics[split][name]), (split, name)
-            assert metrics[split][name]["samples"] == params.max_samples
+            assert metrics[split][name]["samples"] == params.max_samples[split]
             assert 0.0 <= metrics[split][name]["attention_on_image"] <= 1.0
         assert "accuracy" in metrics[split]["trained_minus_base"]
     assert set(metrics["ood"]["base"]["accuracy_by_count"]) <= {"6", "7", "8"}
     assert metrics["speed"]["samples_per_second"] > 0
 
     lines = [json.loads(line) for line in (reports / "predictions.jsonl").read_text().splitlines()]
-    assert len(lines) == 2 * len(params.splits) * params.max_samples
+    assert len(lines) == 2 * sum(params.max_samples[split] for split in params.splits)
     for key in ("id", "split", "model", "question", "answer", "completion", "parsed", "correct", "rewards"):
         assert key in lines[0]
     assert set(lines[0]["rewards"]) == {"correctness_tags", "format_tags", "correctness_free", "description",
@@ -196,6 +196,7 @@ def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, tiny_datas
 @pytest.mark.parametrize("changes, message", [
     ({"splits": ["val", "holdout"]}, "evaluate.splits[1]: expected one of train, val, test, ood, got 'holdout'"),
     ({"batch_size": 0}, "evaluate.batch_size: expected an integer >= 1, got 0"),
+    ({"max_samples": {"val": 16, "test": 0, "ood": 16}}, "evaluate.max_samples.test: expected an integer >= 1, got 0"),
 ])
 def test_bad_evaluate_params(changes, message, tmp_path, tiny_dataset):
     line = evaluate_stage(tmp_path, tiny_params(evaluate=changes), tiny_dataset, fake_adapter(tmp_path))

@@ -140,7 +140,7 @@ class TrainParams:
 @dataclass(frozen=True)
 class EvaluateParams:
     splits: list[Split]
-    max_samples: int = knob(ge=1)  # per split
+    max_samples: dict[str, int] = knob(ge=1)  # split -> the most samples evaluated from it
     batch_size: int = knob(ge=1)
     max_new_tokens: int = knob(ge=1)
     do_sample: bool
@@ -285,8 +285,8 @@ def _check_value(value: Any, hint: Any, bounds: Any, path: str, source: str, par
     if origin is dict:
         if not isinstance(value, dict) or not value:
             fail("a non-empty mapping of name -> number")
-        return {str(k): _check_value(v, args[1], {"ge": 0}, f"{path}.{k}", source, partial)
-                for k, v in value.items()}
+        bounds = bounds if bounds and any(v is not None for v in bounds.values()) else {"ge": 0}
+        return {str(k): _check_value(v, args[1], bounds, f"{path}.{k}", source, partial) for k, v in value.items()}
     if hint is bool:
         if not isinstance(value, bool):
             fail("true or false")
@@ -362,6 +362,12 @@ def _check_relations(config: Config, source: str) -> None:
              "to generate with vLLM, or train.use_vllm: false to keep the vision LoRA")
     if not e.splits:
         fail("evaluate.splits", f"expected at least one of {', '.join(SPLITS)}")
+    for split in e.max_samples:
+        if split not in SPLITS:
+            fail(f"evaluate.max_samples.{split}", f"unknown split (expected one of {', '.join(SPLITS)})")
+    for split in e.splits:
+        if split not in e.max_samples:
+            fail("evaluate.max_samples", f"no cap for split {split!r} (listed in evaluate.splits)")
     if config.smoke.n_ctx < config.smoke.max_new_tokens + 256:
         fail("smoke.n_ctx", f"{config.smoke.n_ctx} leaves no room for the prompt (~130 tokens with a 256x256 image) "
              f"next to smoke.max_new_tokens {config.smoke.max_new_tokens}: use at least max_new_tokens + 256")

@@ -184,7 +184,7 @@ def run_evaluation(config: Config, data_dir: Path, adapter_dir: Path, reports_di
     dataset = load_dataset(data_dir, splits=tuple(params.splits))
     model, processor = load_base_and_adapter(config, adapter_dir)
 
-    splits = {split: dataset[split].select(range(min(params.max_samples, len(dataset[split]))))
+    splits = {split: dataset[split].select(range(min(params.max_samples[split], len(dataset[split]))))
               for split in params.splits}
     records: dict[tuple[str, str], list[dict]] = {}
     completions_ids: dict[tuple[str, str], list[list[int]]] = {}
