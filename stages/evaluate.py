@@ -25,18 +25,9 @@ def main(params_path, data_dir, adapter_dir, reports_dir) -> None:
         quiet_libraries()
         from tqdm import tqdm
 
-        from vgrpo.evaluation import MODELS
-        from vgrpo.models import check_adapter
-        from vgrpo.shapes import load_dataset
-
-        check_adapter(Path(adapter_dir))  # inputs first: nothing loads when one is missing
-        dataset = load_dataset(data_dir, splits=tuple(config.evaluate.splits))
-        caps = config.evaluate.max_samples
-        total = len(MODELS) * sum(min(caps[split], len(dataset[split])) for split in config.evaluate.splits)
-
         from vgrpo.evaluation import run_evaluation
 
-        with tqdm(total=total, desc="evaluate", unit="sample") as progress:
+        with tqdm(desc="evaluate", unit="sample") as progress:
             metrics = run_evaluation(config, Path(data_dir), Path(adapter_dir), Path(reports_dir), progress)
         for split in config.evaluate.splits:
             m = metrics[split]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 from conftest import run
@@ -22,6 +23,7 @@ def test_every_stage_ran(tiny_pipeline):
     log = (tiny_pipeline / "exp-run.log").read_text()
     for stage in ("generate", "train", "evaluate", "export", "smoke"):
         assert f"Running stage '{stage}'" in log, stage
+    assert re.search(r"evaluate: 100%\|.*\| (\d+)/\1 .*sample/s\]", log)  # progress bar: total, samples/s
     assert "Running stage" not in run(["dvc", "repro"], tiny_pipeline).stdout  # nothing left to do
     assert (tiny_pipeline / "models/adapter/adapter_model.safetensors").exists()
     assert (tiny_pipeline / "reports/train/plots/metrics/train/reward.tsv").exists()  # DVCLive curves

@@ -177,15 +177,19 @@ def with_eager_attention(model):
 # --- The stage ----------------------------------------------------------------------------------
 
 def run_evaluation(config: Config, data_dir: Path, adapter_dir: Path, reports_dir: Path, progress=None) -> dict:
+    """The `evaluate` stage. Both inputs are checked before the model loads; `progress` (a tqdm bar)
+    is given its total once the splits are known."""
     from vgrpo.shapes import load_dataset
 
     params = config.evaluate
     models.check_adapter(adapter_dir)
     dataset = load_dataset(data_dir, splits=tuple(params.splits))
-    model, processor = load_base_and_adapter(config, adapter_dir)
-
     splits = {split: dataset[split].select(range(min(params.max_samples[split], len(dataset[split]))))
               for split in params.splits}
+    if progress is not None:
+        progress.reset(total=len(MODELS) * sum(len(rows) for rows in splits.values()))
+    model, processor = load_base_and_adapter(config, adapter_dir)
+
     records: dict[tuple[str, str], list[dict]] = {}
     completions_ids: dict[tuple[str, str], list[list[int]]] = {}
     torch.manual_seed(params.seed)
