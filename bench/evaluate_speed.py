@@ -37,8 +37,10 @@ def main(samples: int, batch_size: int, max_new_tokens: int, params_path: str) -
         shapes.write_dataset(shapes.generate_samples(generate_params), generate_params, Path(tmp) / "shapes")
         dataset = shapes.load_dataset(Path(tmp) / "shapes")
         rows = [dataset["val"][i] for i in range(samples)]
-    path = models.base_model_path(config.model)
-    model, processor = models.load_model(path, config.model).eval(), models.load_processor(path, config.model)
+    from vgrpo.tiny import tiny_model_dir
+
+    path = str(tiny_model_dir(config.model.tiny_seed, config.model.min_pixels, config.model.max_pixels))
+    model, processor = models.load_model(path, "float32").eval(), models.load_processor(path, config.model)
     torch.set_num_threads(torch.get_num_threads())
     base = dataclasses.replace(config.evaluate, max_new_tokens=max_new_tokens)
     generate(model, processor, rows[:2], dataclasses.replace(base, batch_size=2))  # warm-up

@@ -46,9 +46,8 @@ def main(params_path, merged_dir, gguf_dir, data_dir, quantization, images, max_
         found = ", ".join(t.file_type for t in texts)
         raise click.ClickException(f"{gguf_dir}: no {quantization} GGUF (found {found})")
 
-    full_precision = dataclasses.replace(config.model, dtype="float32")
-    processor = models.load_processor(merged_dir, full_precision)
-    model = models.load_model(merged_dir, full_precision).eval()
+    processor = models.load_processor(merged_dir, config.model)
+    model = models.load_model(merged_dir, "float32").eval()
     rt.hf_answer(model, processor, samples[0]["question"], samples[0]["image"], max_new_tokens)
     hf = [rt.hf_answer(model, processor, s["question"], s["image"], max_new_tokens) for s in samples]
     del model
@@ -58,7 +57,7 @@ def main(params_path, merged_dir, gguf_dir, data_dir, quantization, images, max_
         gguf = [rt.llama_answer(llama, s["question"], s["image"], max_new_tokens) for s in samples]
 
     click.echo(f"{len(samples)} images, up to {max_new_tokens} new tokens each, {threads} CPU threads")
-    for name, answers in ((f"transformers {full_precision.dtype}", hf), (f"llama.cpp {text.path.name}", gguf)):
+    for name, answers in (("transformers float32", hf), (f"llama.cpp {text.path.name}", gguf)):
         tokens, seconds = sum(len(a.token_ids) for a in answers), sum(a.seconds for a in answers)
         click.echo(f"{name}: {rt.tokens_per_second(answers):.1f} tokens/s ({tokens} tokens in {seconds:.2f} s)")
     ratio = rt.tokens_per_second(gguf) / rt.tokens_per_second(hf)

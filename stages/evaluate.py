@@ -1,4 +1,4 @@
-"""Stage 3: base vs trained on held-out (val, test) and out-of-distribution (ood) counts, same images,
+"""Stage 4: base vs trained on held-out (val, test) and out-of-distribution (ood) counts, same images,
 same prompt, same image budget; metrics, predictions, plots and attention heatmaps for DVC.
 
     python stages/evaluate.py                       # params.yaml -> reports/eval
@@ -16,19 +16,23 @@ from vgrpo.config import load_config
 @click.command()
 @click.option("--params", "params_path", default="params.yaml", show_default=True, help="Params file.")
 @click.option("--data", "data_dir", default="data/shapes", show_default=True, help="Dataset from `generate`.")
+@click.option("--base", "base_dir", default="models/base", show_default=True, help="Base model from `base`.")
 @click.option("--adapter", "adapter_dir", default="models/adapter", show_default=True, help="Adapter from `train`.")
 @click.option("--reports", "reports_dir", default="reports/eval", show_default=True, help="Output directory.")
-def main(params_path, data_dir, adapter_dir, reports_dir) -> None:
+def main(params_path, data_dir, base_dir, adapter_dir, reports_dir) -> None:
     """Evaluate the base model and the trained adapter."""
     with user_errors():
         config = load_config(params_path)
         quiet_libraries()
         from tqdm import tqdm
 
+        from vgrpo.devices import load_dtype
         from vgrpo.evaluation import run_evaluation
 
+        dtype = load_dtype(config.model, config.train)
         with tqdm(desc="evaluate", unit="sample") as progress:
-            metrics = run_evaluation(config, Path(data_dir), Path(adapter_dir), Path(reports_dir), progress)
+            metrics = run_evaluation(config, dtype, Path(data_dir), Path(base_dir), Path(adapter_dir),
+                                     Path(reports_dir), progress)
         for split in config.evaluate.splits:
             m = metrics[split]
             click.echo(f"{split:>5}: accuracy base {m['base']['accuracy']:.3f} -> trained "

@@ -1,4 +1,4 @@
-"""Stage 5: load every GGUF in models/gguf with its mmproj in llama-cpp-python, answer test images
+"""Stage 6: load every GGUF in models/gguf with its mmproj in llama-cpp-python, answer test images
 greedily with the shared prompt, and compare with the merged transformers model on the same images:
 first-K token agreement (f16), answer agreement (quantized), image sensitivity, speed. Writes
 reports/smoke/metrics.json and predictions.jsonl; exits 1 when a `smoke` threshold is missed, so
@@ -28,10 +28,12 @@ def main(params_path, merged_dir, gguf_dir, data_dir, reports_dir) -> None:
     with user_errors():
         config = load_config(params_path)
         quiet_libraries()
+        from vgrpo.devices import load_dtype
         from vgrpo.gguf_runtime import run_smoke
 
-        metrics, failures = run_smoke(config, Path(merged_dir), Path(gguf_dir), Path(data_dir), Path(reports_dir),
-                                      log=click.echo)
+        dtype = load_dtype(config.model, config.train)
+        metrics, failures = run_smoke(config, dtype, Path(merged_dir), Path(gguf_dir), Path(data_dir),
+                                      Path(reports_dir), log=click.echo)
     for failure in failures:
         click.echo(f"error: smoke: {failure}", err=True)
     if failures:

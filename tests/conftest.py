@@ -17,6 +17,7 @@ VENV_BIN = Path(sys.executable).parent
 # What a pipeline needs to run: copied (not linked) so tests can edit freely.
 PIPELINE_FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", "data/.gitignore"]
 
+# No hub here: a test that needs one starts tests/hub_server.py and points HF_ENDPOINT at it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -91,6 +92,35 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> Path:
+    """models/base of the tiny profile, written once by the base stage. Read it; copy it to change it."""
+    out = tmp_path_factory.mktemp("tiny-base") / "base"
+    params = write_params(out.parent / "params.yaml", tiny_params())
+    result = stage("base", "--params", str(params), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def tiny_config(**train_changes):
+    """The tiny profile's Config, with `train` knobs changed."""
+    import dataclasses
+
+    from vgrpo.config import config_from_dict
+
+    config = config_from_dict(tiny_params())
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, **train_changes))
+
+
+def lora_model(base_dir: Path, config=None):
+    """The tiny base with LoRA attached as the train stage attaches it (hf backend, float32), and its processor."""
+    from vgrpo import models
+    from vgrpo.base import base_model_path
+
+    config = config or tiny_config()
+    return models.load_for_training(base_model_path(base_dir), config.model, config.train, "hf", "float32")
+
+
+@pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory) -> Path:
     """data/shapes of the tiny profile, written once by the generate stage. Read it; copy it to change it."""
     out = tmp_path_factory.mktemp("tiny-data") / "shapes"
@@ -117,18 +147,15 @@ def copy_repo(repo: Path, dest: Path) -> Path:
     return dest
 
 
-def tiny_adapter(out_dir: Path, seed: int = 0) -> Path:
-    """A LoRA adapter for the tiny model in seconds, instead of a training run: LoRA attached as `train`
+def tiny_adapter(out_dir: Path, base_dir: Path, seed: int = 0) -> Path:
+    """A LoRA adapter for the tiny base in seconds, instead of a training run: LoRA attached as `train`
     attaches it, with B (zero at initialisation) set to small random values so that merging it changes
     the model."""
     import torch
 
-    from vgrpo import models
-    from vgrpo.config import config_from_dict
     from vgrpo.training import save_adapter
 
-    config = config_from_dict(tiny_params())
-    model, processor = models.load_for_training(config.model, config.train, "hf")
+    model, processor = lora_model(base_dir)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():

@@ -6,7 +6,7 @@ position), so both setups see the same completions whatever their random streams
 varies within a group, so the update is not zero. Greedy decoding would give identical completions
 in a group and no gradient at all.
 
-    python tests/grpo_equivalence_run.py OUT.safetensors PER_DEVICE_BATCH DATA_DIR
+    python tests/grpo_equivalence_run.py OUT.safetensors PER_DEVICE_BATCH DATA_DIR BASE_DIR
 """
 
 import dataclasses
@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from vgrpo import models
+from vgrpo.base import base_model_path
 from vgrpo.config import config_from_dict
 from vgrpo.shapes import load_dataset
 from vgrpo.training import build_trainer
@@ -48,7 +49,7 @@ def first_token_reward(completions, completion_ids, **kwargs) -> list[float]:
     return [(ids[0] % 5) / 4 for ids in completion_ids]
 
 
-def main(out: str, per_device_batch: int, data_dir: str) -> None:
+def main(out: str, per_device_batch: int, data_dir: str, base_dir: str) -> None:
     import yaml
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
@@ -58,7 +59,8 @@ def main(out: str, per_device_batch: int, data_dir: str) -> None:
                                 lr_scheduler_type="constant", max_completion_length=6, loss_type="grpo")
     config = dataclasses.replace(config, train=train)
     state = PartialState(cpu=True)
-    model, processor = models.load_for_training(config.model, config.train, "hf")
+    model, processor = models.load_for_training(base_model_path(Path(base_dir)), config.model, config.train, "hf",
+                                                "float32")
     original_generate = model.generate
 
     def generate(*args, **kwargs):
@@ -76,4 +78,4 @@ def main(out: str, per_device_batch: int, data_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])

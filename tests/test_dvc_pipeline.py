@@ -8,19 +8,26 @@ import pytest
 import yaml
 from conftest import ROOT, load_params, make_pipeline_repo, run, write_params
 
-# The params groups each stage reads (besides `profile`).
-STAGE_GROUPS = {"generate": ["generate"], "train": ["model", "train"], "evaluate": ["model", "evaluate"],
-                "export": ["model", "export"],
-                "smoke": ["model", "smoke"]}
+# The params each stage reads (besides `profile`): whole groups, or single keys of another stage's group.
+STAGE_GROUPS = {"generate": ["generate"], "base": ["model"], "train": ["model", "train"],
+                "evaluate": ["model", "evaluate", "train.load_in_4bit"], "export": ["model", "export"],
+                "smoke": ["model", "smoke", "train.load_in_4bit"]}
+
+
+def overridden(overrides: dict, key: str) -> bool:
+    """Does a profile's overrides set this group (or this group.key)?"""
+    group, _, name = key.partition(".")
+    return group in overrides and (not name or name in (overrides[group] or {}))
 
 
 def test_each_stage_tracks_exactly_the_params_it_reads():
     pipeline = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     raw = load_params()
+    assert list(pipeline) == list(STAGE_GROUPS)
     for name, groups in STAGE_GROUPS.items():
         expected = {"profile", *groups}
         expected |= {f"profiles.{p}.{g}" for p, overrides in raw["profiles"].items() for g in groups
-                     if g in (overrides or {})}
+                     if overridden(overrides or {}, g)}
         assert set(pipeline[name]["params"]) == expected, name
         assert f"stages/{name}.py" in pipeline[name]["deps"]
         assert pipeline[name]["cmd"].startswith(f"python stages/{name}.py")

@@ -11,6 +11,7 @@ import pytest
 from conftest import copy_repo, run, stage, tiny_params, write_params
 
 from vgrpo import evaluation, models
+from vgrpo.base import base_model_path
 from vgrpo.config import config_from_dict
 
 PER_MODEL = ["samples", "accuracy", "accuracy_ci95", "format_compliance", "description_rate", "unparseable_rate",
@@ -63,7 +64,7 @@ def test_reasoning_text_rule():
 # --- The model side --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def model_and_rows(tiny_model_dir, tmp_path_factory):
+def model_and_rows(tiny_base, tmp_path_factory):
     from vgrpo import shapes
 
     config = config_from_dict(tiny_params())
@@ -71,8 +72,8 @@ def model_and_rows(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("rows") / "shapes"
     shapes.write_dataset(shapes.generate_samples(g), g, out)
     rows = [shapes.load_dataset(out)["val"][i] for i in range(6)]
-    path = models.base_model_path(config.model)
-    return config, models.load_model(path, config.model).eval(), models.load_processor(path, config.model), rows
+    path = base_model_path(tiny_base)
+    return config, models.load_model(path, "float32").eval(), models.load_processor(path, config.model), rows
 
 
 def test_batched_greedy_equals_one_at_a_time(model_and_rows):
@@ -153,13 +154,12 @@ def test_changing_an_evaluate_param_reruns_evaluate_only(tiny_pipeline, tmp_path
 
 # --- Bad input: one line, exit 2, nothing loaded -----------------------------------------------
 
-def evaluate_stage(tmp_path, params_raw, data, adapter):
+def evaluate_stage(tmp_path, params_raw, data, adapter, base):
     params = write_params(tmp_path / "params.yaml", params_raw)
-    cache = tmp_path / "cache"
-    result = stage("evaluate", "--params", str(params), "--data", str(data), "--adapter", str(adapter),
-                   "--reports", str(tmp_path / "reports"), env={"VGRPO_CACHE": str(cache)})
+    result = stage("evaluate", "--params", str(params), "--data", str(data), "--base", str(base), "--adapter",
+                   str(adapter), "--reports", str(tmp_path / "reports"))
     assert result.returncode == 2, result.stderr[-2000:]
-    assert not cache.exists() or not any(cache.iterdir())  # no model was loaded
+    assert "Loading weights" not in result.stderr  # no model was loaded
     assert not (tmp_path / "reports").exists()
     return result.stderr.strip().splitlines()[-1]
 
@@ -172,24 +172,30 @@ def fake_adapter(tmp_path):
     return adapter
 
 
-def test_missing_adapter(tmp_path, tiny_dataset):
-    line = evaluate_stage(tmp_path, tiny_params(), tiny_dataset, tmp_path / "nowhere")
+def test_missing_adapter(tmp_path, tiny_dataset, tiny_base):
+    line = evaluate_stage(tmp_path, tiny_params(), tiny_dataset, tmp_path / "nowhere", tiny_base)
     assert line == f"error: {tmp_path / 'nowhere'}: no LoRA adapter here (run the train stage: dvc repro train)"
 
 
-def test_missing_dataset(tmp_path):
-    line = evaluate_stage(tmp_path, tiny_params(), tmp_path / "nodata", fake_adapter(tmp_path))
+def test_missing_dataset(tmp_path, tiny_base):
+    line = evaluate_stage(tmp_path, tiny_params(), tmp_path / "nodata", fake_adapter(tmp_path), tiny_base)
     assert "no dataset here (run the generate stage" in line
 
 
-def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, tiny_dataset):
+def test_missing_base(tmp_path, tiny_dataset):
+    line = evaluate_stage(tmp_path, tiny_params(), tiny_dataset, fake_adapter(tmp_path), tmp_path / "nobase")
+    assert line == f"error: {tmp_path / 'nobase' / 'source.json'}: no base model recorded here (run the base stage: " \
+                   "dvc repro base)"
+
+
+def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, tiny_dataset, tiny_base):
     import shutil
 
     data = tmp_path / "shapes"
     shutil.copytree(tiny_dataset, data)
     shutil.rmtree(data / "ood")
     (data / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "val", "test"]}))
-    line = evaluate_stage(tmp_path, tiny_params(), data, fake_adapter(tmp_path))
+    line = evaluate_stage(tmp_path, tiny_params(), data, fake_adapter(tmp_path), tiny_base)
     assert line == f"error: {data}: no split 'ood' (the dataset has train, val, test)"
 
 
@@ -198,6 +204,6 @@ def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, tiny_datas
     ({"batch_size": 0}, "evaluate.batch_size: expected an integer >= 1, got 0"),
     ({"max_samples": {"val": 16, "test": 0, "ood": 16}}, "evaluate.max_samples.test: expected an integer >= 1, got 0"),
 ])
-def test_bad_evaluate_params(changes, message, tmp_path, tiny_dataset):
-    line = evaluate_stage(tmp_path, tiny_params(evaluate=changes), tiny_dataset, fake_adapter(tmp_path))
+def test_bad_evaluate_params(changes, message, tmp_path, tiny_dataset, tiny_base):
+    line = evaluate_stage(tmp_path, tiny_params(evaluate=changes), tiny_dataset, fake_adapter(tmp_path), tiny_base)
     assert line == f"error: params.yaml: profiles.tiny.{message}"

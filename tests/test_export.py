@@ -30,18 +30,20 @@ def digest(directory: Path) -> dict[str, str]:
 
 
 def export_args(root: Path, **paths) -> list[str]:
-    default = {"adapter": root / "adapter", "merged": root / "merged", "gguf": root / "gguf", "data": root / "shapes",
+    default = {"base": root / "base", "adapter": root / "adapter", "merged": root / "merged", "gguf": root / "gguf",
+               "data": root / "shapes",
                "eval-metrics": root / "eval.json"}
     return [arg for key, path in {**default, **paths}.items() for arg in (f"--{key}", str(path))]
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, tiny_base):
     """One real export of the tiny model (merge, two converter runs, q4_k_m), through the stage script."""
     root = tmp_path_factory.mktemp("export")
     params = write_params(root / "params.yaml", tiny_params())
     assert stage("generate", "--params", str(params), "--out", str(root / "shapes")).returncode == 0
-    tiny_adapter(root / "adapter")
+    (root / "base").symlink_to(tiny_base)
+    tiny_adapter(root / "adapter", tiny_base)
     (root / "eval.json").write_text(json.dumps(EVAL_METRICS))
     adapter_before = digest(root / "adapter")
     result = stage("export", "--params", str(params), *export_args(root))
@@ -62,7 +64,7 @@ def test_export_writes_merged_model_gguf_files_and_card(exported):
     assert f"{root}/gguf/{STEM}-q4_k_m.gguf (q4_k_m, " in exported.stdout
 
 
-def test_merged_logits_equal_base_plus_adapter(exported, tiny_model_dir):
+def test_merged_logits_equal_base_plus_adapter(exported, tiny_base):
     import torch
     from peft import PeftModel
 
@@ -75,8 +77,8 @@ def test_merged_logits_equal_base_plus_adapter(exported, tiny_model_dir):
     inputs = processor.apply_chat_template(hf_messages(row["question"], row["image"]), add_generation_prompt=True,
                                            tokenize=True, return_dict=True, return_tensors="pt")
     with torch.no_grad():
-        merged = models.load_model(str(exported.root / "merged"), config.model).eval()(**inputs).logits
-        adapted = PeftModel.from_pretrained(models.load_model(str(tiny_model_dir), config.model),
+        merged = models.load_model(str(exported.root / "merged"), "float32").eval()(**inputs).logits
+        adapted = PeftModel.from_pretrained(models.load_model(str(tiny_base), "float32"),
                                             str(exported.root / "adapter")).eval()
         unmerged = adapted(**inputs).logits
         with adapted.disable_adapter():

@@ -13,9 +13,8 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import tiny_params
+from conftest import lora_model, tiny_params
 
-from vgrpo import models
 from vgrpo.config import config_from_dict
 from vgrpo.prompts import hf_messages
 from vgrpo.shapes import load_dataset
@@ -43,8 +42,13 @@ def dataset(tiny_dataset):
     return load_dataset(tiny_dataset)
 
 
-def train(config, dataset, output_dir):
-    model, processor = models.load_for_training(config.model, config.train, "hf")
+@pytest.fixture(scope="module")
+def base(tiny_base):
+    return tiny_base
+
+
+def train(config, dataset, output_dir, base_dir):
+    model, processor = lora_model(base_dir, config)
     vision_calls = []
     model.get_base_model().model.visual.register_forward_hook(lambda *args: vision_calls.append(1))
     trainer = build_trainer(config, model, processor, dataset["train"], [low_token_ids], [1.0], output_dir)
@@ -64,9 +68,9 @@ def held_out_reward(model, processor, rows, max_new_tokens=8) -> float:
     return sum(scores) / len(scores)
 
 
-def test_grpo_learns_a_learnable_reward(dataset, tmp_path):
+def test_grpo_learns_a_learnable_reward(dataset, base, tmp_path):
     config = learning_config()
-    model, processor, rewards, vision_calls = train(config, dataset, tmp_path / "ckpt")
+    model, processor, rewards, vision_calls = train(config, dataset, tmp_path / "ckpt", base)
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     print(f"mean reward: first 10 steps {first:.3f}, last 10 steps {last:.3f}")
     assert len(rewards) == 40
@@ -81,12 +85,12 @@ def test_grpo_learns_a_learnable_reward(dataset, tmp_path):
     assert trained > untrained
 
 
-def test_same_seed_same_trained_weights(dataset, tmp_path):
+def test_same_seed_same_trained_weights(dataset, base, tmp_path):
     """Training is deterministic: same params and seed, same LoRA weights (and they did move)."""
     config = learning_config(max_steps=3)
     runs = []
     for name in ("a", "b"):
-        model, _, _, _ = train(config, dataset, tmp_path / name)
+        model, _, _, _ = train(config, dataset, tmp_path / name, base)
         runs.append({n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n})
     assert runs[0].keys() == runs[1].keys()
     assert all(torch.equal(runs[0][n], runs[1][n]) for n in runs[0])

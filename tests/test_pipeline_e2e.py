@@ -21,7 +21,7 @@ def declared(repo, kind: str) -> list[str]:
 
 def test_every_stage_ran(tiny_pipeline):
     log = (tiny_pipeline / "exp-run.log").read_text()
-    for stage in ("generate", "train", "evaluate", "export", "smoke"):
+    for stage in ("generate", "base", "train", "evaluate", "export", "smoke"):
         assert f"Running stage '{stage}'" in log, stage
     assert re.search(r"evaluate: 100%\|.*\| (\d+)/\1 .*sample/s\]", log)  # progress bar: total, samples/s
     assert "Running stage" not in run(["dvc", "repro"], tiny_pipeline).stdout  # nothing left to do

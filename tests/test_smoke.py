@@ -25,7 +25,7 @@ SMOKE = {"n_threads": 1}
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, tiny_base):
     """The tiny model exported in-process (merge, GGUF f16 + mmproj, q4_k_m) and a tiny dataset."""
     from vgrpo.export import run_export
 
@@ -33,8 +33,8 @@ def exported(tmp_path_factory):
     params = write_params(root / "params.yaml", tiny_params(smoke=SMOKE))
     assert stage("generate", "--params", str(params), "--out", str(root / "shapes")).returncode == 0
     config = config_from_dict(tiny_params(smoke=SMOKE))
-    run_export(config, tiny_adapter(root / "adapter"), root / "merged", root / "gguf", root / "shapes",
-               root / "missing-eval.json")
+    run_export(config, tiny_base, tiny_adapter(root / "adapter", tiny_base), root / "merged", root / "gguf",
+               root / "shapes", root / "missing-eval.json")
     return types.SimpleNamespace(root=root, params=params, config=config)
 
 
@@ -113,7 +113,7 @@ def test_zeroed_projector_fails_the_stage_with_one_line_per_missed_threshold(exp
 def test_noise_projector_misses_the_parity_thresholds(exported, tmp_path):
     broken = break_projector(exported.root / "gguf", tmp_path / "gguf", "noise")
     config, samples = exported.config, rt.smoke_samples(exported.root / "shapes", 2)
-    reference = rt.run_hf(exported.root / "merged", config, samples)
+    reference, _ = rt.run_hf(exported.root / "merged", config, "float32", samples)
     texts, projector = rt.find_gguf_files(broken)
     m = rt.parity(rt.run_llama(texts[0], projector, samples, config.smoke, reference), reference, 16)
     failures = rt.gate_failures({"f16": {"path": "f16.gguf", "file_type": "f16", **m}}, config.smoke)

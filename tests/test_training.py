@@ -3,7 +3,6 @@ outputs, resume, and bad input that fails before any model loads."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 import subprocess
@@ -13,16 +12,11 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_params, stage, tiny_params, write_params
+from conftest import ROOT, load_params, lora_model, stage, tiny_config, tiny_params, write_params
 
 from vgrpo import backends, models
+from vgrpo.base import base_model_path
 from vgrpo.config import ConfigError, config_from_dict
-
-
-def tiny_config(**train_changes):
-    config = config_from_dict(tiny_params())
-    return dataclasses.replace(config, train=dataclasses.replace(config.train, **train_changes))
-
 
 # --- GRPOConfig from params -------------------------------------------------------------------
 
@@ -31,11 +25,12 @@ def test_grpo_config_carries_every_recipe_knob(profile, tmp_path):
     from vgrpo.training import grpo_config
 
     train = config_from_dict({**load_params(), "profile": profile}).train
-    args = grpo_config(train, tmp_path, cuda=False)
+    args = grpo_config(train, tmp_path, "float32", cuda=False)
     same_name = ["learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "lr_scheduler_type",
                  "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                  "max_completion_length", "temperature", "top_p", "beta", "loss_type", "importance_sampling_level",
-                 "num_train_epochs", "max_steps", "save_steps", "max_grad_norm", "logging_steps", "seed"]
+                 "scale_rewards", "num_train_epochs", "max_steps", "save_steps", "max_grad_norm", "logging_steps",
+                 "seed", "vllm_server_base_url", "vllm_server_timeout"]
     for name in same_name:
         got = getattr(args, name)
         got = got.value if hasattr(got, "value") else got  # enums (scheduler)
@@ -61,26 +56,47 @@ def test_recipes_from_the_seeds():
         1e-6, 4, 0.8, 128, 0.05)
 
 
+def test_book_profile_is_the_books_recipe(tmp_path):
+    """The book: +1.0 right last number, +0.5 names the asked shape, +0.2 reasoning phrase (no tag
+    penalty), 8 prompts x 4 completions per step, lr 1e-6, temperature 0.8, 128 new tokens, KL 0.05,
+    grad clip 1.0, std-normalised group advantages, 3 epochs."""
+    from vgrpo.rewards import REWARDS
+    from vgrpo.training import grpo_config
+
+    book = config_from_dict({**load_params(), "profile": "book"})
+    train = book.train
+    assert train.rewards == {"correctness_free": 1.0, "description": 1.0, "reasoning": 1.0}
+    answer = {"answer": ["3"], "target_shape": ["circles"], "target_colour": ["blue"]}
+    best = "I see blue circles, so the count is 3"
+    assert [REWARDS[name]([best], **answer)[0] * weight for name, weight in train.rewards.items()] == [1.0, 0.5, 0.2]
+    args = grpo_config(train, tmp_path, "bfloat16", cuda=False)
+    prompts_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations
+    assert (prompts_per_step, args.num_generations, args.generation_batch_size) == (8, 4, 32)
+    assert (args.learning_rate, args.temperature, args.max_completion_length, args.beta) == (1e-6, 0.8, 128, 0.05)
+    assert (args.max_grad_norm, args.num_train_epochs, args.scale_rewards, args.loss_type) == (1.0, 3.0, "group",
+                                                                                              "grpo")
+    assert args.importance_sampling_level == "token" and book.train.vision_lr_scale == 0.1
+    assert book.model == config_from_dict(load_params()).model  # the same 8B, same revision
+
+
 # --- LoRA on both towers, and the vision learning rate ----------------------------------------
 
 @pytest.fixture(scope="module")
-def lora_model(tiny_model_dir):
-    config = tiny_config()
-    model, _ = models.load_for_training(config.model, config.train, "hf")
-    return model
+def lora(tiny_base):
+    return lora_model(tiny_base)[0]
 
 
 def lora_modules(model) -> set[str]:
     return {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A" in name}
 
 
-def test_lora_covers_text_and_vision_attention_and_mlp(lora_model):
-    names = lora_modules(lora_model)
+def test_lora_covers_text_and_vision_attention_and_mlp(lora):
+    names = lora_modules(lora)
     for part in ["language_model.layers.0.self_attn.q_proj", "language_model.layers.1.mlp.down_proj",
                  "visual.blocks.0.attn.qkv", "visual.blocks.1.mlp.linear_fc2", "visual.merger.linear_fc1"]:
         assert any(name.endswith(part) for name in names), part
     assert not any("lm_head" in name or "embed_tokens" in name for name in names)
-    trainable = models.trainable_summary(lora_model)
+    trainable = models.trainable_summary(lora)
     assert trainable["language"] > 0 and trainable["vision"] > 0
 
 
@@ -88,9 +104,8 @@ def test_lora_covers_text_and_vision_attention_and_mlp(lora_model):
                                             ("finetune_language_layers", "language_model."),
                                             ("finetune_mlp_modules", ".mlp."),
                                             ("finetune_attention_modules", "attn")])
-def test_lora_switches(switch, absent, tiny_model_dir):
-    config = tiny_config(**{switch: False})
-    model, _ = models.load_for_training(config.model, config.train, "hf")
+def test_lora_switches(switch, absent, tiny_base):
+    model, _ = lora_model(tiny_base, tiny_config(**{switch: False}))
     names = lora_modules(model)
     assert names and not any(absent in name for name in names)
 
@@ -101,30 +116,29 @@ def test_all_switches_off_is_a_config_error():
         models.lora_target_modules(train)
 
 
-def test_vision_lora_gets_its_own_learning_rate(lora_model, tiny_dataset, tmp_path):
+def test_vision_lora_gets_its_own_learning_rate(lora, tiny_base, tiny_dataset, tmp_path):
     from vgrpo.rewards import reward_functions
     from vgrpo.shapes import load_dataset
     from vgrpo.training import build_trainer
 
     config = tiny_config(vision_lr_scale=0.1, learning_rate=1e-4)
     dataset = load_dataset(tiny_dataset)["train"]
-    processor = models.load_processor(models.base_model_path(config.model), config.model)
-    trainer = build_trainer(config, lora_model, processor, dataset, *reward_functions(config.train.rewards),
+    processor = models.load_processor(base_model_path(tiny_base), config.model)
+    trainer = build_trainer(config, lora, processor, dataset, *reward_functions(config.train.rewards),
                             tmp_path / "ckpt")
     optimizer = trainer.create_optimizer()
     rates = {(group["name"], group["weight_decay"] > 0): group["lr"] for group in optimizer.param_groups}
     assert rates[("language", True)] == pytest.approx(1e-4)
     assert rates[("vision", True)] == pytest.approx(1e-5)
-    vision_ids = {id(p) for n, p in lora_model.named_parameters() if p.requires_grad and models.is_vision_parameter(n)}
+    vision_ids = {id(p) for n, p in lora.named_parameters() if p.requires_grad and models.is_vision_parameter(n)}
     for group in optimizer.param_groups:
         assert all((id(p) in vision_ids) == (group["name"] == "vision") for p in group["params"])
     covered = sum(len(group["params"]) for group in optimizer.param_groups)
-    assert covered == sum(p.requires_grad for p in lora_model.parameters())
+    assert covered == sum(p.requires_grad for p in lora.parameters())
 
 
-def test_vision_lr_scale_zero_freezes_the_vision_lora(tiny_model_dir):
-    config = tiny_config(vision_lr_scale=0.0)
-    model, _ = models.load_for_training(config.model, config.train, "hf")
+def test_vision_lr_scale_zero_freezes_the_vision_lora(tiny_base):
+    model, _ = lora_model(tiny_base, tiny_config(vision_lr_scale=0.0))
     assert models.trainable_summary(model)["vision"] == 0
     groups = models.optimizer_groups(model, 1e-4, 0.1, 0.0)
     assert {group["name"] for group in groups} == {"language"}
@@ -147,34 +161,161 @@ def test_auto_backend_with_cuda_picks_unsloth_only_when_it_imports(monkeypatch):
     assert backends.resolve_backend("hf", cuda=True) == "hf"
 
 
-def test_unsloth_backend_passes_the_recipe_to_fast_vision_model(monkeypatch, tiny_model_dir):
-    """Unsloth needs CUDA, so a fake FastVisionModel records what our code passes (the GPU check runs
-    the real one). It hands back the hf backend's LoRA model so the rest of the path is real."""
-    calls = {}
+class FakeFastVisionModel:
+    """Unsloth needs CUDA, so this stands in for `unsloth.FastVisionModel` and records what our code
+    passes. It does what the real one does with those arguments, with plain transformers + PEFT: a
+    string `target_modules` is used as given (unsloth 2026.10.9, vision.py), so the LoRA it builds is
+    the one Unsloth would build from our list. The GPU check runs the real one."""
+
+    calls: dict = {}
+
+    @classmethod
+    def from_pretrained(cls, path, **kwargs):
+        cls.calls["from_pretrained"] = (path, kwargs)
+        config = tiny_config()
+        return models.load_model(path, "float32"), models.load_processor(path, config.model)
+
+    @classmethod
+    def get_peft_model(cls, model, target_modules, r, lora_alpha, lora_dropout, bias, random_state, **kwargs):
+        import torch
+        from peft import LoraConfig, get_peft_model
+
+        cls.calls["get_peft_model"] = dict(target_modules=target_modules, r=r, lora_alpha=lora_alpha,
+                                           lora_dropout=lora_dropout, bias=bias, random_state=random_state, **kwargs)
+        torch.manual_seed(random_state)
+        return get_peft_model(model, LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
+                                                target_modules=target_modules))
+
+
+def test_unsloth_backend_gets_the_recipe_and_the_same_lora_modules(monkeypatch, tiny_base):
+    FakeFastVisionModel.calls = {}
+    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastVisionModel=FakeFastVisionModel))
     config = tiny_config(gradient_checkpointing=True, load_in_4bit=False, lora_r=8, lora_alpha=16, seed=5)
+    path = base_model_path(tiny_base)
+    unsloth_model, processor = models.load_for_training(path, config.model, config.train, "unsloth", "float16")
+    hf_model, _ = models.load_for_training(path, config.model, config.train, "hf", "float32")
 
-    class FastVisionModel:
-        @staticmethod
-        def from_pretrained(path, **kwargs):
-            calls["from_pretrained"] = (path, kwargs)
-            return models.load_model(path, config.model), models.load_processor(path, config.model)
-
-        @staticmethod
-        def get_peft_model(model, **kwargs):
-            calls["get_peft_model"] = kwargs
-            return models._hf_lora(models.base_model_path(config.model), config.model, config.train)[0]
-
-    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastVisionModel=FastVisionModel))
-    model, processor = models.load_for_training(config.model, config.train, "unsloth")
-    path, kwargs = calls["from_pretrained"]
-    assert path == str(tiny_model_dir)
-    assert kwargs["load_in_4bit"] is False and kwargs["use_gradient_checkpointing"] == "unsloth"
-    assert calls["get_peft_model"] == {
-        "finetune_vision_layers": True, "finetune_language_layers": True, "finetune_attention_modules": True,
-        "finetune_mlp_modules": True, "r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "bias": "none",
-        "random_state": 5, "use_gradient_checkpointing": "unsloth"}
+    path_given, kwargs = FakeFastVisionModel.calls["from_pretrained"]
+    assert path_given == path
+    assert kwargs == {"load_in_4bit": False, "use_gradient_checkpointing": "unsloth", "dtype": models.DTYPES["float16"]}
+    assert FakeFastVisionModel.calls["get_peft_model"] == {
+        "target_modules": models.lora_target_modules(config.train), "r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
+        "bias": "none", "random_state": 5, "use_gradient_checkpointing": "unsloth"}
+    # One list of adapted modules for both backends, the vision merger and deepstack mergers included
+    # (Unsloth's own target builder leaves those out).
+    assert lora_modules(unsloth_model) == lora_modules(hf_model)
+    assert any(".visual.merger." in name for name in lora_modules(hf_model))
+    assert any(".visual.deepstack_merger_list." in name for name in lora_modules(hf_model))
     assert processor.tokenizer.padding_side == "left"
-    assert models.trainable_summary(model)["vision"] > 0
+
+
+def test_both_backends_get_one_grpo_objective(monkeypatch, tmp_path):
+    """Unsloth's GRPOConfig rewrites scale_rewards "group" to "none" under dr_grpo; the config our code
+    hands to the trainer keeps what params say, so both backends optimise the same loss."""
+    import trl
+
+    from vgrpo.training import OBJECTIVE, grpo_config
+
+    class UnslothLikeGRPOConfig(trl.GRPOConfig):  # what unsloth's patched config does in __init__
+        def __init__(self, *args, **kwargs):
+            if kwargs.get("loss_type") == "dr_grpo" and kwargs.get("scale_rewards") == "group":
+                kwargs["scale_rewards"] = "none"
+            super().__init__(*args, **kwargs)
+
+    train = tiny_config(loss_type="dr_grpo", scale_rewards="group").train
+    plain = grpo_config(train, tmp_path / "a", "float32", cuda=False)
+    monkeypatch.setattr("vgrpo.training.GRPOConfig", UnslothLikeGRPOConfig)
+    patched = grpo_config(train, tmp_path / "b", "float32", cuda=False)
+    assert UnslothLikeGRPOConfig(output_dir=str(tmp_path / "c"), loss_type="dr_grpo", scale_rewards="group",
+                                 use_cpu=True).scale_rewards == "none"  # the rewrite is real in the stand-in
+    for name in OBJECTIVE:
+        assert getattr(plain, name) == getattr(patched, name) == getattr(train, name), name
+    ignore = {"output_dir", "logging_dir"}
+    assert {k: v for k, v in plain.to_dict().items() if k not in ignore} == {
+        k: v for k, v in patched.to_dict().items() if k not in ignore}
+
+
+def test_full_profile_follows_what_the_seed_article_ran_under_unsloth():
+    full = config_from_dict(load_params()).train
+    assert (full.loss_type, full.scale_rewards, full.importance_sampling_level) == ("dr_grpo", "none", "sequence")
+
+
+# --- Precision from the hardware ----------------------------------------------------------------
+
+T4 = ("Tesla T4", (7, 5), False)
+A100 = ("NVIDIA A100-SXM4-80GB", (8, 0), True)
+
+
+@pytest.mark.parametrize("device, requested, expected", [
+    ("cpu", "auto", "float32"), ("cpu", "bfloat16", "bfloat16"), ("cpu", "float16", "error"),
+    ("sm75", "auto", "float16"), ("sm75", "bfloat16", "error"), ("sm75", "float16", "float16"),
+    ("sm80", "auto", "bfloat16"), ("sm80", "bfloat16", "bfloat16"), ("sm80", "float16", "float16"),
+])
+def test_precision_decision_table(device, requested, expected, tmp_path):
+    from vgrpo.devices import CPU, Device, resolve_dtype
+    from vgrpo.training import grpo_config
+
+    hardware = {"cpu": CPU, "sm75": Device("cuda", *T4), "sm80": Device("cuda", *A100)}[device]
+    if expected == "error":
+        with pytest.raises(ConfigError) as err:
+            resolve_dtype(requested, hardware)
+        assert str(err.value).startswith(f"params.yaml: model.dtype: {requested} ")
+        assert "\n" not in str(err.value)
+        return
+    dtype = resolve_dtype(requested, hardware)
+    assert dtype == expected
+    # The trainer's mixed precision always agrees with the dtype the model was loaded in.
+    args = grpo_config(tiny_config().train, tmp_path, dtype, cuda=False)
+    assert (args.bf16, args.fp16) == (dtype == "bfloat16", dtype == "float16")
+
+
+def test_t4_is_told_why_bf16_is_refused():
+    from vgrpo.devices import Device, resolve_dtype
+
+    with pytest.raises(ConfigError, match=r"bfloat16 is not native on Tesla T4 \(compute capability 7.5; bf16 needs "
+                                          r"8.0 or newer\) \(use auto or float16\)"):
+        resolve_dtype("bfloat16", Device("cuda", *T4))
+
+
+def test_the_full_profile_picks_its_dtype_from_the_hardware():
+    assert config_from_dict(load_params()).model.dtype == "auto"
+
+
+# --- 4-bit ---------------------------------------------------------------------------------------
+
+def test_hf_backend_loads_4bit_weights_when_asked(monkeypatch, tiny_base):
+    """bitsandbytes needs CUDA, so from_pretrained is stood in for: what matters here is what our code
+    asks of it, the same for train, evaluate and smoke (they all load through models.load_model)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    seen = {}
+    real = AutoModelForImageTextToText.from_pretrained
+
+    def recording(path, **kwargs):
+        seen.update(kwargs)
+        return real(path, dtype=kwargs["dtype"])
+
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", recording)
+    models.load_model(base_model_path(tiny_base), "bfloat16", load_in_4bit=True)
+    quantization = seen["quantization_config"]
+    assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
+    assert quantization.bnb_4bit_compute_dtype == torch.bfloat16 and seen["dtype"] == torch.bfloat16
+    assert quantization.bnb_4bit_use_double_quant
+    assert set(quantization.llm_int8_skip_modules) == {"visual", "lm_head"}
+    seen.clear()
+    models.load_model(base_model_path(tiny_base), "float32")
+    assert "quantization_config" not in seen
+
+
+@pytest.mark.parametrize("stage_name", ["train", "evaluate", "smoke"])
+def test_4bit_on_a_cpu_is_one_line_in_every_stage_that_loads_the_model(stage_name, tmp_path):
+    params = write_params(tmp_path / "params.yaml", tiny_params(train={"load_in_4bit": True}))
+    result = stage(stage_name, "--params", str(params), "--data", str(tmp_path / "none"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: params.yaml: train.load_in_4bit: 4-bit loading needs a CUDA GPU and none is available (set it to "
+        "false on a CPU)")
 
 
 # --- Bad input: one line, exit 2, before any model loads ---------------------------------------
@@ -194,20 +335,32 @@ BAD_TRAIN = [
 
 
 @pytest.mark.parametrize("what, changes, message", BAD_TRAIN, ids=[b[0] for b in BAD_TRAIN])
-def test_bad_train_params_fail_before_loading_a_model(what, changes, message, tiny_dataset, tmp_path):
+def test_bad_train_params_fail_before_loading_a_model(what, changes, message, tiny_dataset, tiny_base, tmp_path):
     params = write_params(tmp_path / "params.yaml", tiny_params(train=changes))
-    cache = tmp_path / "cache"  # an empty model cache: loading the tiny model would fill it
-    result = stage("train", "--params", str(params), "--data", str(tiny_dataset), "--adapter",
-                   str(tmp_path / "adapter"), "--checkpoints", str(tmp_path / "ckpt"), "--reports",
-                   str(tmp_path / "reports"), env={"VGRPO_CACHE": str(cache)})
+    result = stage("train", "--params", str(params), *train_args(tmp_path, tiny_dataset, tiny_base))
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(message)
-    assert not cache.exists() or not any(cache.iterdir())
+    assert "Loading weights" not in result.stderr
     assert not (tmp_path / "adapter").exists()
 
 
+def test_missing_base_says_which_stage_makes_it(tiny_dataset, tmp_path):
+    params = write_params(tmp_path / "params.yaml", tiny_params())
+    result = stage("train", "--params", str(params), *train_args(tmp_path, tiny_dataset, tmp_path / "nobase"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'nobase' / 'source.json'}: no base model recorded here (run the base stage: "
+        "dvc repro base)")
+
+
+def test_warmup_ratio_must_be_a_ratio():
+    with pytest.raises(ConfigError, match=r"^params.yaml: profiles.tiny.train.warmup_ratio: expected a number >= 0 and "
+                                          r"< 1, got 1.0$"):
+        config_from_dict(tiny_params(train={"warmup_ratio": 1.0}))
+
+
 @pytest.mark.parametrize("damage", ["missing", "malformed"])
-def test_missing_or_malformed_dataset(damage, tiny_dataset, tmp_path):
+def test_missing_or_malformed_dataset(damage, tiny_dataset, tiny_base, tmp_path):
     import shutil
 
     data = tmp_path / "shapes"
@@ -216,33 +369,32 @@ def test_missing_or_malformed_dataset(damage, tiny_dataset, tmp_path):
         for arrow in data.glob("train/*.arrow"):
             arrow.write_bytes(b"not arrow")
     params = write_params(tmp_path / "params.yaml", tiny_params())
-    result = stage("train", "--params", str(params), "--data", str(data), "--adapter", str(tmp_path / "a"),
-                   env={"VGRPO_CACHE": str(tmp_path / "cache")})
+    result = stage("train", "--params", str(params), "--data", str(data), "--base", str(tiny_base), "--adapter",
+                   str(tmp_path / "a"))
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     expected = "no dataset here (run the generate stage" if damage == "missing" else "cannot read the dataset"
     assert last.startswith(f"error: {data}: ") and expected in last, last
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert "Loading weights" not in result.stderr
 
 
-def test_prompt_longer_than_max_prompt_length(tiny_dataset, tmp_path):
+def test_prompt_longer_than_max_prompt_length(tiny_dataset, tiny_base, tmp_path):
     params = write_params(tmp_path / "params.yaml", tiny_params(train={"max_prompt_length": 40}))
-    result = stage("train", "--params", str(params), "--data", str(tiny_dataset), "--adapter", str(tmp_path / "a"),
-                   "--checkpoints", str(tmp_path / "c"), "--reports", str(tmp_path / "r"))
+    result = stage("train", "--params", str(params), *train_args(tmp_path, tiny_dataset, tiny_base))
     assert result.returncode == 2
     assert "train.max_prompt_length: 40 is shorter than the longest prompt" in result.stderr
 
 
 # --- A real run: outputs, curves, resume ------------------------------------------------------
 
-def train_args(tmp_path: Path, data: Path) -> list[str]:
-    return ["--data", str(data), "--adapter", str(tmp_path / "adapter"), "--checkpoints", str(tmp_path / "ckpt"),
-            "--reports", str(tmp_path / "reports")]
+def train_args(tmp_path: Path, data: Path, base: Path) -> list[str]:
+    return ["--data", str(data), "--base", str(base), "--adapter", str(tmp_path / "adapter"), "--checkpoints",
+            str(tmp_path / "ckpt"), "--reports", str(tmp_path / "reports")]
 
 
-def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tmp_path):
+def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tiny_base, tmp_path):
     params = write_params(tmp_path / "params.yaml", tiny_params(train={"max_steps": 4, "save_steps": 2}))
-    result = stage("train", "--params", str(params), *train_args(tmp_path, tiny_dataset))
+    result = stage("train", "--params", str(params), *train_args(tmp_path, tiny_dataset, tiny_base))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "train: backend hf (asked: hf, CUDA: False)" in result.stdout
 
@@ -250,6 +402,12 @@ def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tmp_path):
     files = {p.name for p in adapter.iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json", "processor_config.json", "tokenizer.json"} <= files
     assert not any(name.endswith((".bin", ".pt", ".pth", ".pkl")) for name in files)
+    # beta > 0 on the hf backend makes TRL add a frozen "ref" adapter; only the trained one is written.
+    assert tiny_config().train.beta > 0 and not any(p.is_dir() for p in adapter.iterdir())
+    from safetensors import safe_open
+
+    with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as f:
+        assert not any(".ref." in key for key in f.keys())
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("checkpoint-")) == [
         "checkpoint-2", "checkpoint-4"]
 
@@ -262,11 +420,11 @@ def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tmp_path):
         assert rows[0].startswith("step\t") and [r.split("\t")[0] for r in rows[1:]] == ["1", "2", "3", "4"], curve
 
 
-def test_killed_run_resumes_from_its_last_checkpoint(tiny_dataset, tmp_path):
+def test_killed_run_resumes_from_its_last_checkpoint(tiny_dataset, tiny_base, tmp_path):
     raw = tiny_params(train={"max_steps": 6, "save_steps": 2})
     params = write_params(tmp_path / "params.yaml", raw)
     command = [sys.executable, str(ROOT / "stages" / "train.py"), "--params", str(params),
-               *train_args(tmp_path, tiny_dataset)]
+               *train_args(tmp_path, tiny_dataset, tiny_base)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first_checkpoint = tmp_path / "ckpt" / "checkpoint-2" / "trainer_state.json"
     deadline = time.time() + 300
@@ -281,7 +439,11 @@ def test_killed_run_resumes_from_its_last_checkpoint(tiny_dataset, tmp_path):
 
     raw["profiles"]["tiny"]["train"]["resume"] = True
     write_params(params, raw)
-    result = stage("train", "--params", str(params), *train_args(tmp_path, tiny_dataset))
+    nothing = stage("train", "--params", str(params), *train_args(tmp_path / "elsewhere", tiny_dataset, tiny_base))
+    assert nothing.returncode == 0, nothing.stderr[-3000:]
+    assert (f"train: train.resume is true but {tmp_path / 'elsewhere' / 'ckpt'} holds no checkpoint: training from "
+            "scratch") in nothing.stdout
+    result = stage("train", "--params", str(params), *train_args(tmp_path, tiny_dataset, tiny_base))
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["steps"] == 6

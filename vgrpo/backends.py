@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
+import urllib.request
 
 import torch
 
@@ -29,12 +31,30 @@ def check_device_options(train: TrainParams, cuda: bool) -> None:
     if train.optim in CUDA_ONLY_OPTIMIZERS:
         raise ConfigError(f"params.yaml: train.optim: {train.optim} (bitsandbytes) needs a CUDA GPU and none is "
                           "available (use adamw_torch on a CPU)")
-    if train.load_in_4bit:
-        raise ConfigError("params.yaml: train.load_in_4bit: 4-bit loading needs a CUDA GPU and none is available "
-                          "(set it to false on a CPU)")
     if train.use_vllm:
         raise ConfigError("params.yaml: train.use_vllm: vLLM needs a CUDA GPU and none is available "
                           "(set it to false on a CPU)")
+
+
+def check_vllm_server(train: TrainParams, poll_seconds: float = 2.0) -> None:
+    """In `vllm_mode: server`, the rollout server answers at its address before a model loads (TRL
+    waits up to the same timeout, then fails with a traceback deep inside the trainer)."""
+    if not (train.use_vllm and train.vllm_mode == "server"):
+        return
+    url = train.vllm_server_base_url.rstrip("/") + "/health/"
+    deadline = time.monotonic() + train.vllm_server_timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=max(0.5, min(5.0, train.vllm_server_timeout))) as response:
+                if response.status == 200:
+                    return
+        except (OSError, ValueError):  # refused, unreachable, timed out, not HTTP
+            pass
+        if time.monotonic() + poll_seconds > deadline:
+            raise ConfigError(f"params.yaml: train.vllm_server_base_url: no vLLM server answers at {url} after "
+                              f"{train.vllm_server_timeout:g} s (start `trl vllm-serve --model <base>` there first, "
+                              "or fix the address)")
+        time.sleep(poll_seconds)
 
 
 def resolve_backend(requested: str, cuda: bool | None = None) -> str:

@@ -22,9 +22,9 @@ def user_errors():
 
 
 def quiet_libraries() -> None:
-    """Keep stage output to what a user acts on: no hub calls, no DeepSpeed accelerator banner."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    """Keep stage output to what a user acts on: no tokenizer fork warnings, no DeepSpeed accelerator
+    banner. Hub access is left as the user set it: only the base stage downloads, and a user's own
+    HF_HUB_OFFLINE=1 is respected."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda_device() else "cuda")
 

@@ -28,9 +28,9 @@ class ConfigError(VgrpoError):
     """A problem with params.yaml."""
 
 
-def knob(*, ge: float | None = None, gt: float | None = None, le: float | None = None):
+def knob(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None):
     """A required params field with optional numeric bounds."""
-    return field(metadata={"ge": ge, "gt": gt, "le": le})
+    return field(metadata={"ge": ge, "gt": gt, "le": le, "lt": lt})
 
 
 SHAPES = ("triangles", "circles", "squares")
@@ -60,7 +60,8 @@ Split = Literal["train", "val", "test", "ood"]
 @dataclass(frozen=True)
 class ModelParams:
     name: str  # a hub id, a local directory, or "tiny" (random Qwen3-VL built locally)
-    dtype: Literal["float32", "bfloat16", "float16"]
+    revision: str  # hub id only: a commit sha, a tag or a branch; the base stage records the commit it resolves to
+    dtype: Literal["auto", "float32", "bfloat16", "float16"]  # auto: bf16 where the GPU runs it natively, else fp16
     min_pixels: int = knob(ge=1024)  # image-token budget: pixels per image after resizing
     max_pixels: int = knob(ge=1024)
     tiny_seed: int = knob(ge=0)  # weights of the tiny model (ignored for real checkpoints)
@@ -112,7 +113,7 @@ class TrainParams:
     weight_decay: float = knob(ge=0)
     optim: Literal["adamw_torch", "adamw_8bit", "paged_adamw_8bit", "sgd"]
     lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"]
-    warmup_ratio: float = knob(ge=0, le=1)
+    warmup_ratio: float = knob(ge=0, lt=1)  # transformers reads a value >= 1 as a number of steps
     per_device_train_batch_size: int = knob(ge=1)  # completions (not prompts) per device and step
     gradient_accumulation_steps: int = knob(ge=1)
     num_generations: int = knob(ge=2)  # GRPO group size
@@ -122,6 +123,7 @@ class TrainParams:
     top_p: float = knob(gt=0, le=1)
     beta: float = knob(ge=0)  # KL coefficient
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"]
+    scale_rewards: Literal["group", "batch", "none"]  # divide advantages by the reward std of the group/batch, or not
     importance_sampling_level: Literal["token", "sequence"]
     num_train_epochs: float = knob(gt=0)
     max_steps: int = knob(ge=-1)  # -1: use num_train_epochs
@@ -135,6 +137,8 @@ class TrainParams:
     use_vllm: bool
     vllm_mode: Literal["colocate", "server"]
     vllm_gpu_memory_utilization: float = knob(gt=0, le=1)
+    vllm_server_base_url: str  # vllm_mode server: where `trl vllm-serve` listens (another node is fine)
+    vllm_server_timeout: float = knob(gt=0)  # seconds to wait for that server at start-up
 
 
 @dataclass(frozen=True)
@@ -306,8 +310,9 @@ def _check_value(value: Any, hint: Any, bounds: Any, path: str, source: str, par
         value = float(value)
     else:  # pragma: no cover - a schema mistake, not a user one
         raise TypeError(f"unsupported params type {hint!r} at {path}")
-    ge, gt, le = (bounds or {}).get("ge"), (bounds or {}).get("gt"), (bounds or {}).get("le")
-    if (ge is not None and value < ge) or (gt is not None and value <= gt) or (le is not None and value > le):
+    ge, gt, le, lt = ((bounds or {}).get(key) for key in ("ge", "gt", "le", "lt"))
+    if ((ge is not None and value < ge) or (gt is not None and value <= gt) or (le is not None and value > le)
+            or (lt is not None and value >= lt)):
         fail(kind + _bounds_text(bounds))
     return value
 
@@ -320,6 +325,8 @@ def _bounds_text(bounds: Any) -> str:
         parts.append(f"> {bounds['gt']:g}")
     if bounds and bounds.get("le") is not None:
         parts.append(f"<= {bounds['le']:g}")
+    if bounds and bounds.get("lt") is not None:
+        parts.append(f"< {bounds['lt']:g}")
     return (" " + " and ".join(parts)) if parts else ""
 
 
@@ -360,6 +367,9 @@ def _check_relations(config: Config, source: str) -> None:
     if t.use_vllm and t.finetune_vision_layers:
         fail("train.use_vllm", "vLLM cannot apply LoRA to vision layers: set train.finetune_vision_layers: false "
              "to generate with vLLM, or train.use_vllm: false to keep the vision LoRA")
+    if not t.vllm_server_base_url.startswith(("http://", "https://")):
+        fail("train.vllm_server_base_url", f"expected an address like http://10.0.0.2:8000 (where `trl vllm-serve` "
+             f"listens), got {t.vllm_server_base_url!r}")
     if not e.splits:
         fail("evaluate.splits", f"expected at least one of {', '.join(SPLITS)}")
     for split in e.max_samples:

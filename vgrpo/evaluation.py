@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vgrpo import models
+from vgrpo import base, models
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
 from vgrpo.prompts import REASONING_END, REASONING_START, SOLUTION_START, hf_messages, parse_answer
@@ -28,13 +28,16 @@ MODELS = ("base", "trained")
 REASONING_BINS = (0, 16, 32, 64, 128, 256, 512, 10**9)  # tokens; edges of the accuracy-vs-length plot
 
 
-def load_base_and_adapter(config: Config, adapter_dir: Path):
-    """The base model with the trained adapter attached, and the processor (image budget from params)."""
+def load_base_and_adapter(config: Config, base_dir: Path, adapter_dir: Path, dtype: str):
+    """The base model, loaded as `train` loaded it (dtype, 4-bit), with the trained adapter attached, and
+    the processor (image budget from params)."""
     from peft import PeftModel
 
-    path = models.base_model_path(config.model)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = PeftModel.from_pretrained(models.load_model(path, config.model), str(adapter_dir)).to(device).eval()
+    path = base.base_model_path(base_dir)
+    model = models.load_model(path, dtype, load_in_4bit=config.train.load_in_4bit)
+    if torch.cuda.is_available() and not config.train.load_in_4bit:  # 4-bit weights are placed on the GPU as they load
+        model = model.to("cuda")
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     return model, models.load_processor(path, config.model)
 
 
@@ -176,19 +179,21 @@ def with_eager_attention(model):
 
 # --- The stage ----------------------------------------------------------------------------------
 
-def run_evaluation(config: Config, data_dir: Path, adapter_dir: Path, reports_dir: Path, progress=None) -> dict:
-    """The `evaluate` stage. Both inputs are checked before the model loads; `progress` (a tqdm bar)
+def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, adapter_dir: Path, reports_dir: Path,
+                   progress=None) -> dict:
+    """The `evaluate` stage. Every input is checked before the model loads; `progress` (a tqdm bar)
     is given its total once the splits are known."""
     from vgrpo.shapes import load_dataset
 
     params = config.evaluate
     models.check_adapter(adapter_dir)
+    base.base_model_path(base_dir)
     dataset = load_dataset(data_dir, splits=tuple(params.splits))
     splits = {split: dataset[split].select(range(min(params.max_samples[split], len(dataset[split]))))
               for split in params.splits}
     if progress is not None:
         progress.reset(total=len(MODELS) * sum(len(rows) for rows in splits.values()))
-    model, processor = load_base_and_adapter(config, adapter_dir)
+    model, processor = load_base_and_adapter(config, base_dir, adapter_dir, dtype)
 
     records: dict[tuple[str, str], list[dict]] = {}
     completions_ids: dict[tuple[str, str], list[list[int]]] = {}
@@ -210,10 +215,12 @@ def run_evaluation(config: Config, data_dir: Path, adapter_dir: Path, reports_di
     generated = sum(len(r) for r in records.values())
 
     metrics = {"speed": {"samples": generated, "seconds": round(seconds, 2),
-                         "samples_per_second": round(generated / seconds, 3)}}
+                         "samples_per_second": round(generated / seconds, 3),
+                         "peak_vram_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                         if torch.cuda.is_available() else None}}
     for split in splits:
-        base, trained = (summarize(records[(split, name)], params) for name in MODELS)
-        metrics[split] = {"base": base, "trained": trained, "trained_minus_base": difference(trained, base)}
+        untrained, trained = (summarize(records[(split, name)], params) for name in MODELS)
+        metrics[split] = {"base": untrained, "trained": trained, "trained_minus_base": difference(trained, untrained)}
 
     with_eager_attention(model)
     attention_dir = reports_dir / "attention"

@@ -14,7 +14,6 @@ separate projector (see the card's Ollama section for the sources and the way th
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import json
 import os
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from vgrpo import models
+from vgrpo import base, models
 from vgrpo.config import QUANTIZATIONS, Config, ModelParams, VgrpoError
 from vgrpo.files import atomic_dir
 from vgrpo.gguf_runtime import GGUFInfo, k_quant_share, quiet_llama_cpp, read_gguf
@@ -43,16 +42,16 @@ def gguf_stem(model: ModelParams) -> str:
 
 # --- Merge ------------------------------------------------------------------------------------
 
-def merge_adapter(config: Config, adapter_dir: Path, merged_dir: Path) -> None:
+def merge_adapter(config: Config, base_dir: Path, adapter_dir: Path, merged_dir: Path) -> None:
     """Base + adapter -> one model in `export.merged_dtype` (16-bit for the 8B, full precision for the
-    tiny model), saved with the processor and chat template the adapter was trained with."""
+    tiny model), saved with the processor and chat template the adapter was trained with. The base is
+    loaded in full 16 bits even when training used 4-bit weights (QLoRA adapters merge into those)."""
     from peft import PeftModel
 
     models.check_adapter(adapter_dir)
-    # The base comes from params, not from adapter_config.json, whose path is the training machine's.
-    base = models.load_model(models.base_model_path(config.model),
-                             dataclasses.replace(config.model, dtype=config.export.merged_dtype))
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    # The base comes from models/base, not from adapter_config.json, whose path is the training machine's.
+    base_model = models.load_model(base.base_model_path(base_dir), config.export.merged_dtype)
+    merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
     processor = models.load_processor(str(adapter_dir), config.model)
     with atomic_dir(merged_dir) as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
@@ -88,14 +87,16 @@ def quantize(source: Path, dest: Path, quantization: str) -> None:
         raise ExportError(f"{source}: llama.cpp could not quantize it to {quantization} (code {code})")
 
 
-def run_export(config: Config, adapter_dir: Path, merged_dir: Path, gguf_dir: Path, data_dir: Path,
+def run_export(config: Config, base_dir: Path, adapter_dir: Path, merged_dir: Path, gguf_dir: Path, data_dir: Path,
                eval_metrics: Path) -> dict:
     """The `export` stage: merge, convert, quantize, write the card. Each directory is swapped in
     whole, so a failure leaves the previous export as it was."""
     start = time.perf_counter()
     models.check_adapter(adapter_dir)
+    source = base.read_source(base_dir)
+    base.base_model_path(base_dir)
     llama_cpp_dir()  # a missing converter fails here, not after the merge
-    merge_adapter(config, adapter_dir, merged_dir)
+    merge_adapter(config, base_dir, adapter_dir, merged_dir)
     stem = gguf_stem(config.model)
     with atomic_dir(gguf_dir) as tmp:
         f16, projector_path = tmp / f"{stem}-f16.gguf", tmp / f"mmproj-{stem}-f16.gguf"
@@ -106,7 +107,8 @@ def run_export(config: Config, adapter_dir: Path, merged_dir: Path, gguf_dir: Pa
             quantize(f16, tmp / f"{stem}-{quantization}.gguf", quantization)
             texts.append(read_gguf(tmp / f"{stem}-{quantization}.gguf"))
         projector = read_gguf(projector_path, projector=True)
-        (tmp / "README.md").write_text(model_card(config, stem, texts, projector, adapter_dir, data_dir, eval_metrics))
+        (tmp / "README.md").write_text(model_card(config, source, stem, texts, projector, adapter_dir, data_dir,
+                                                  eval_metrics))
         files = {info.path.name: {"file_type": info.file_type, "bytes": info.path.stat().st_size,
                                   "tensor_types": info.tensor_types, "k_quant_share": k_quant_share(info.tensor_types)}
                  for info in [*texts, projector]}
@@ -162,8 +164,8 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def model_card(config: Config, stem: str, texts: list[GGUFInfo], projector: GGUFInfo, adapter_dir: Path,
-               data_dir: Path, eval_metrics: Path) -> str:
+def model_card(config: Config, source: dict, stem: str, texts: list[GGUFInfo], projector: GGUFInfo,
+               adapter_dir: Path, data_dir: Path, eval_metrics: Path) -> str:
     """README.md for models/gguf: what the model is, how it was made, how well it does, how to run it."""
     model = config.model
     lora = _read_json(Path(adapter_dir) / "adapter_config.json")
@@ -176,7 +178,8 @@ def model_card(config: Config, stem: str, texts: list[GGUFInfo], projector: GGUF
     about = [
         "Base model: " + (f"a tiny random Qwen3-VL built by `vgrpo/tiny.py` (seed {model.tiny_seed}; the architecture, "
                           "tokenizer and chat format of Qwen3-VL-8B, random weights)." if model.name == "tiny"
-                          else f"`{model.name}`."),
+                          else f"`{base.describe(source)}` (revision `{model.revision}` resolved to that commit)."
+                          if source["kind"] == "hub" else f"`{base.describe(source)}`."),
         f"Training: GRPO with a LoRA adapter (r={lora.get('r')}, alpha={lora.get('lora_alpha')}, on the "
         f"{towers or 'model'} layers), merged into the base in {config.export.merged_dtype}. The adapter is also "
         "available on its own (`models/adapter`), the merged transformers model is `models/merged`.",

@@ -23,10 +23,15 @@ def atomic_dir(path: str | Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    replace_dir(tmp, path)
+
+
+def replace_dir(new: Path, path: Path) -> None:
+    """Put the directory `new` where `path` is, by renames: `path` is never half old, half new."""
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
     if path.exists():
         path.rename(old)
-    tmp.rename(path)
+    new.rename(path)
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -308,17 +308,37 @@ class Run:
     forced_choices: list[list[int]] | None = None
 
 
-def run_hf(merged_dir: Path, config: Config, samples: list[dict]) -> Run:
+def run_hf(merged_dir: Path, config: Config, dtype: str, samples: list[dict]) -> tuple[Run, float]:
+    """The merged model's answers, loaded as `train` loaded the base (dtype, 4-bit); then the model is
+    freed, so llama.cpp gets the GPU memory. Returns the run and the GiB it held."""
     start = time.perf_counter()
     processor = models.load_processor(str(merged_dir), config.model)
-    model = models.load_model(str(merged_dir), config.model).eval()
-    if torch.cuda.is_available():
+    model = models.load_model(str(merged_dir), dtype, load_in_4bit=config.train.load_in_4bit).eval()
+    if torch.cuda.is_available() and not config.train.load_in_4bit:
         model = model.to("cuda")
     load_seconds = time.perf_counter() - start
     max_new_tokens = config.smoke.max_new_tokens
     probes = [hf_answer(model, processor, samples[0]["question"], s["image"], 1).first_logprobs for s in samples]
     answers = [hf_answer(model, processor, s["question"], s["image"], max_new_tokens) for s in samples]
-    return Run(answers, probes, load_seconds)
+    held = free_model(model)
+    return Run(answers, probes, load_seconds), held
+
+
+def free_model(model) -> float:
+    """Delete the transformers model and hand its memory back (PyTorch keeps freed CUDA memory cached
+    for itself unless told otherwise). Returns the GiB it held: CUDA memory reserved by PyTorch, or on
+    a CPU the size of its weights."""
+    import gc
+
+    if torch.cuda.is_available():
+        held = torch.cuda.memory_reserved()
+    else:
+        held = sum(p.numel() * p.element_size() for p in model.parameters())
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return round(held / 2**30, 3)
 
 
 def run_llama(text: GGUFInfo, projector: GGUFInfo, samples: list[dict], params: SmokeParams, reference: Run) -> Run:
@@ -422,7 +442,7 @@ def check_merged(merged_dir: Path) -> None:
         raise VgrpoError(f"{merged_dir}: no merged model here (run the export stage: dvc repro export)")
 
 
-def run_smoke(config: Config, merged_dir: Path, gguf_dir: Path, data_dir: Path, reports_dir: Path,
+def run_smoke(config: Config, dtype: str, merged_dir: Path, gguf_dir: Path, data_dir: Path, reports_dir: Path,
               log=print) -> tuple[dict, list[str]]:
     """Answer the same test images with the merged HF model and every GGUF; write metrics and
     predictions; return the metrics and the thresholds missed."""
@@ -432,8 +452,10 @@ def run_smoke(config: Config, merged_dir: Path, gguf_dir: Path, data_dir: Path, 
     samples = smoke_samples(data_dir, params.num_images)
     torch.set_num_threads(params.n_threads)  # the same CPU threads on both sides
 
-    runs = {"hf": run_hf(merged_dir, config, samples)}
-    log(f"smoke: hf {tokens_per_second(runs['hf'].answers):.1f} tokens/s")
+    runs = {}
+    runs["hf"], held = run_hf(merged_dir, config, dtype, samples)
+    log(f"smoke: hf {tokens_per_second(runs['hf'].answers):.1f} tokens/s; freed the transformers model "
+        f"({held:.2f} GiB {'of CUDA memory' if torch.cuda.is_available() else 'of weights'}) before llama.cpp loads")
     files = {}
     for text in texts:
         run = runs[text.path.name] = run_llama(text, projector, samples, params, runs["hf"])
@@ -444,10 +466,12 @@ def run_smoke(config: Config, merged_dir: Path, gguf_dir: Path, data_dir: Path, 
         log(f"smoke: {text.path.name} {m['tokens_per_second']:.1f} tokens/s, first-{params.first_k_tokens} token "
             f"agreement {m['first_k_token_agreement']}, first-token log-prob diff {m['first_token_logprob_diff']}")
     metrics = {"num_images": len(samples), "first_k_tokens": params.first_k_tokens,
-               "hf": scores(runs["hf"], samples), "files": files}
+               "hf": {**scores(runs["hf"], samples), "dtype": dtype, "load_in_4bit": config.train.load_in_4bit,
+                      "memory_freed_gb": held}, "files": files}
     records = [{"model": name, "id": s["id"], "question": s["question"], "answer": s["answer"],
                 "completion": a.text, "parsed": parse_answer(a.text), "tokens": len(a.token_ids)}
                for name, run in runs.items() for s, a in zip(samples, run.answers, strict=True)]
+    metrics["peak_vram_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
     failures = gate_failures(files, params)
     metrics["gate"] = {"passed": not failures, "failures": failures}
     write_jsonl(Path(reports_dir) / "predictions.jsonl", records)

@@ -1,8 +1,10 @@
 """Load the base model and processor and attach LoRA: one code path for the tiny model and the 8B.
 
 The `hf` backend is transformers' `AutoModelForImageTextToText` + PEFT `LoraConfig`; the `unsloth`
-backend is `FastVisionModel` (CUDA only, imported lazily). Both put LoRA on the same modules: the
-language decoder's and the vision tower's attention and MLP projections, each part switchable.
+backend is `FastVisionModel` (CUDA only, imported lazily). Both put LoRA on the same modules, which
+this project decides (`lora_target_modules`) and hands to both: the language decoder's and the vision
+tower's attention and MLP projections, the vision merger included, each part switchable. Both load
+the base in the same dtype (`vgrpo.devices`) and, with `train.load_in_4bit`, in 4-bit NF4.
 """
 
 from __future__ import annotations
@@ -26,15 +28,6 @@ VISION_ATTENTION = r"model\.visual\.blocks\.\d+\.attn\.(qkv|proj)"
 VISION_MLP = r"model\.visual\.(blocks\.\d+\.mlp|merger|deepstack_merger_list\.\d+)\.(linear_fc1|linear_fc2)"
 
 
-def base_model_path(model: ModelParams) -> str:
-    """A hub id or directory for `from_pretrained`; `tiny` is built locally (once) into the cache."""
-    if model.name == "tiny":
-        from vgrpo.tiny import tiny_model_dir
-
-        return str(tiny_model_dir(model.tiny_seed, model.min_pixels, model.max_pixels))
-    return model.name
-
-
 def load_processor(path: str, model: ModelParams):
     """The processor with the image-token budget from params, padding on the left for generation."""
     processor = AutoProcessor.from_pretrained(path, min_pixels=model.min_pixels, max_pixels=model.max_pixels)
@@ -42,9 +35,23 @@ def load_processor(path: str, model: ModelParams):
     return processor
 
 
-def load_model(path: str, model: ModelParams, attn_implementation: str | None = None):
+def load_model(path: str, dtype: str, load_in_4bit: bool = False, attn_implementation: str | None = None):
+    """The model in `dtype` (already resolved, never `auto`), or with 4-bit NF4 weights computing in
+    `dtype` (bitsandbytes, CUDA only)."""
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[model.dtype], **kwargs)
+    if load_in_4bit:
+        kwargs["quantization_config"] = quantization_config(dtype)
+        kwargs["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
+    return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
+
+
+def quantization_config(dtype: str):
+    """QLoRA's 4-bit setting: NF4 with double quantization, computing in the model's dtype. The vision
+    tower and lm_head stay in 16 bits (small, and sensitive to quantization)."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=DTYPES[dtype], llm_int8_skip_modules=["visual", "lm_head"])
 
 
 def check_adapter(adapter_dir: Path) -> None:
@@ -71,13 +78,15 @@ def is_vision_parameter(name: str) -> bool:
     return ".visual." in name or name.startswith("visual.")
 
 
-def load_for_training(model: ModelParams, train: TrainParams, backend: str):
-    """Base model with LoRA attached, and its processor."""
-    path = base_model_path(model)
+def load_for_training(path: str, model: ModelParams, train: TrainParams, backend: str, dtype: str,
+                      zero3: bool = False):
+    """Base model (from `path`, in `dtype`) with LoRA attached, and its processor. Under DeepSpeed
+    ZeRO-3 the adapters stay in the base's dtype: ZeRO-3 gathers parameters into buffers of one dtype,
+    and fp32 adapters on a bf16 base fail on the first optimizer step (TRL's own comment, trl#6089)."""
     if backend == "unsloth":
-        peft_model, processor = _unsloth_lora(path, model, train)
+        peft_model, processor = _unsloth_lora(path, model, train, dtype)
     else:
-        peft_model, processor = _hf_lora(path, model, train)
+        peft_model, processor = _hf_lora(path, model, train, dtype, zero3)
     if train.vision_lr_scale == 0:  # the vision LoRA stays at its (identity) initialisation
         for name, parameter in peft_model.named_parameters():
             if is_vision_parameter(name) and "lora_" in name:
@@ -85,33 +94,30 @@ def load_for_training(model: ModelParams, train: TrainParams, backend: str):
     return peft_model, processor
 
 
-def _hf_lora(path: str, model: ModelParams, train: TrainParams):
+def _hf_lora(path: str, model: ModelParams, train: TrainParams, dtype: str, zero3: bool):
     from peft import LoraConfig, get_peft_model
 
-    base = load_model(path, model)
+    base = load_model(path, dtype, load_in_4bit=train.load_in_4bit)
     config = LoraConfig(r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout,
                         bias=train.lora_bias, target_modules=lora_target_modules(train))
     torch.manual_seed(train.seed)  # LoRA A matrices are random: same seed, same adapter
-    peft_model = get_peft_model(base, config)
+    peft_model = get_peft_model(base, config, autocast_adapter_dtype=not zero3)
     if train.gradient_checkpointing:
         peft_model.enable_input_require_grads()
     return peft_model, load_processor(path, model)
 
 
-def _unsloth_lora(path: str, model: ModelParams, train: TrainParams):
+def _unsloth_lora(path: str, model: ModelParams, train: TrainParams, dtype: str):
     from unsloth import FastVisionModel
 
     checkpointing = "unsloth" if train.gradient_checkpointing else False
     base, processor = FastVisionModel.from_pretrained(
-        path, load_in_4bit=train.load_in_4bit, use_gradient_checkpointing=checkpointing,
-        dtype=None if train.load_in_4bit else DTYPES[model.dtype],
+        path, load_in_4bit=train.load_in_4bit, use_gradient_checkpointing=checkpointing, dtype=DTYPES[dtype],
     )
+    # Our regex, not Unsloth's own target builder (which leaves out the vision merger and deepstack
+    # mergers): a string is used as given, and the finetune_* switches are already in it.
     peft_model = FastVisionModel.get_peft_model(
-        base,
-        finetune_vision_layers=train.finetune_vision_layers,
-        finetune_language_layers=train.finetune_language_layers,
-        finetune_attention_modules=train.finetune_attention_modules,
-        finetune_mlp_modules=train.finetune_mlp_modules,
+        base, target_modules=lora_target_modules(train),
         r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout, bias=train.lora_bias,
         random_state=train.seed, use_gradient_checkpointing=checkpointing,
     )

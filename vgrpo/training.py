@@ -1,7 +1,10 @@
 """GRPO with LoRA on image + question prompts, wired from params into TRL's GRPOTrainer.
 
-`run_training` is the `train` stage, top to bottom: data, model + LoRA, rewards, GRPOConfig,
-trainer (vision LoRA at its own learning rate), DVCLive curves, checkpoints and resume, adapter.
+`run_training` is the `train` stage, top to bottom: GRPOConfig (first, so that DeepSpeed ZeRO-3
+partitions the weights as they load), data, rewards, the base model + LoRA, trainer (vision LoRA
+at its own learning rate), DVCLive curves, checkpoints and resume, the adapter (saved through the
+trainer, so ZeRO-3's partitioned weights are gathered), and a summary that says whether the
+adapter moved at all.
 """
 
 from __future__ import annotations
@@ -17,20 +20,27 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
-from vgrpo import models
+from vgrpo import base, models
 from vgrpo.config import Config, ConfigError, TrainParams
-from vgrpo.files import atomic_dir, detach
+from vgrpo.devices import trainer_precision
+from vgrpo.files import atomic_dir, detach, replace_dir
 from vgrpo.prompts import hf_messages
 from vgrpo.rewards import reward_functions
 from vgrpo.shapes import load_dataset
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
-def grpo_config(train: TrainParams, output_dir: str | Path, cuda: bool) -> GRPOConfig:
-    """Every knob of the 8B recipe and the book variant, from params. On a CPU: no mixed precision,
-    no gradient checkpointing, `use_cpu`."""
-    return GRPOConfig(
+# What defines the loss. Unsloth's GRPOConfig rewrites some of these (scale_rewards "group" -> "none"
+# under dr_grpo), so they are set again after the config is built: both backends optimise one objective.
+OBJECTIVE = ("loss_type", "scale_rewards", "beta", "importance_sampling_level", "num_generations", "temperature",
+             "top_p", "max_completion_length", "max_grad_norm")
+
+
+def grpo_config(train: TrainParams, output_dir: str | Path, dtype: str, cuda: bool) -> GRPOConfig:
+    """Every knob of the recipe, from params. Mixed precision follows the dtype the model is loaded in
+    (`dtype`, resolved by vgrpo.devices). On a CPU: no gradient checkpointing, `use_cpu`."""
+    args = GRPOConfig(
         output_dir=str(output_dir),
         learning_rate=train.learning_rate,
         adam_beta1=train.adam_beta1,
@@ -47,6 +57,7 @@ def grpo_config(train: TrainParams, output_dir: str | Path, cuda: bool) -> GRPOC
         top_p=train.top_p,
         beta=train.beta,
         loss_type=train.loss_type,
+        scale_rewards=train.scale_rewards,
         importance_sampling_level=train.importance_sampling_level,
         num_train_epochs=train.num_train_epochs,
         max_steps=train.max_steps,
@@ -58,16 +69,24 @@ def grpo_config(train: TrainParams, output_dir: str | Path, cuda: bool) -> GRPOC
         data_seed=train.seed,
         report_to=[],
         log_completions=False,
-        bf16=cuda and torch.cuda.is_bf16_supported(),
-        fp16=False,
+        **trainer_precision(dtype),
         use_cpu=not cuda,
         gradient_checkpointing=train.gradient_checkpointing and cuda,
         use_vllm=train.use_vllm,
         vllm_mode=train.vllm_mode,
         vllm_gpu_memory_utilization=train.vllm_gpu_memory_utilization,
+        vllm_server_base_url=train.vllm_server_base_url,
+        vllm_server_timeout=train.vllm_server_timeout,
         dataloader_num_workers=0,
         disable_tqdm=False,
     )
+    for name in OBJECTIVE:
+        setattr(args, name, getattr(train, name))
+    return args
+
+
+def is_zero3(args: GRPOConfig) -> bool:
+    return args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == 3
 
 
 class VisionScaledGRPOTrainer(GRPOTrainer):
@@ -135,8 +154,10 @@ def check_prompt_length(dataset, processor, max_prompt_length: int) -> int:
 
 
 def build_trainer(config: Config, model, processor, train_dataset, reward_funcs, reward_weights,
-                  checkpoints_dir: Path, callbacks=(), cuda: bool = False) -> VisionScaledGRPOTrainer:
-    args = grpo_config(config.train, checkpoints_dir, cuda)
+                  checkpoints_dir: Path | None = None, callbacks=(), args: GRPOConfig | None = None,
+                  ) -> VisionScaledGRPOTrainer:
+    """The GRPO trainer for `model` (LoRA attached). `args` defaults to the CPU config in float32."""
+    args = args or grpo_config(config.train, checkpoints_dir, "float32", cuda=False)
     args.reward_weights = list(reward_weights)
     return VisionScaledGRPOTrainer(
         model=model,
@@ -150,36 +171,79 @@ def build_trainer(config: Config, model, processor, train_dataset, reward_funcs,
 
 
 def save_adapter(model, processor, adapter_dir: Path) -> None:
-    """The LoRA adapter (safetensors only) and the processor, written atomically."""
+    """A PEFT model's `default` adapter (safetensors only) and the processor, written atomically."""
     with atomic_dir(adapter_dir) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, selected_adapters=["default"])
         processor.save_pretrained(tmp)
-        leftovers = [p.name for p in tmp.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
-        if leftovers:
-            raise RuntimeError(f"adapter has non-safetensors files: {leftovers}")
+        keep_only_the_adapter(tmp)
 
 
-def run_training(config: Config, backend: str, data_dir: Path, adapter_dir: Path, checkpoints_dir: Path,
-                 reports_dir: Path) -> dict | None:
+def save_trained_adapter(trainer: GRPOTrainer, adapter_dir: Path, main_process: bool) -> None:
+    """The trained adapter through `trainer.save_model`, on every rank: under ZeRO-3 that gathers the
+    partitioned weights (a plain save on rank 0 writes empty tensors). Rank 0 then keeps only the
+    adapter and swaps it in."""
+    staging = adapter_dir.with_name(f".{adapter_dir.name}.saving")  # the same path on every rank
+    if main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging))
+    trainer.accelerator.wait_for_everyone()
+    if main_process:
+        keep_only_the_adapter(staging)
+        replace_dir(staging, adapter_dir)
+
+
+def keep_only_the_adapter(directory: Path) -> None:
+    """Drop what is not the `default` adapter or the processor: TRL's frozen `ref` adapter (a subfolder,
+    written when beta > 0), the Trainer's pickled training_args.bin. Then refuse any pickle left."""
+    for path in directory.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.name == "training_args.bin":
+            path.unlink()
+    leftovers = [p.name for p in directory.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
+    if leftovers:
+        raise RuntimeError(f"adapter has non-safetensors files: {leftovers}")
+
+
+def adapter_change(adapter_dir: Path) -> float:
+    """Largest |lora_B| in the saved adapter. LoRA starts with B = 0, so 0.0 means training never moved it."""
+    from safetensors import safe_open
+
+    with safe_open(str(adapter_dir / "adapter_model.safetensors"), "pt") as f:
+        return max((f.get_tensor(k).abs().max().item() for k in f.keys() if "lora_B" in k), default=0.0)
+
+
+def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_dir: Path, adapter_dir: Path,
+                 checkpoints_dir: Path, reports_dir: Path, log=print) -> dict | None:
     """The `train` stage. Under `accelerate launch` every rank trains; only rank 0 writes the adapter,
     the checkpoints and the DVCLive output, and returns the summary (other ranks return None)."""
-    from accelerate import PartialState
     from dvclive import Live
 
     train = config.train
     cuda = torch.cuda.is_available()
-    main_process = PartialState(cpu=not cuda).is_main_process  # also sets up the process group when launched
+    # First: building the config sets up the process group and, under ZeRO-3, makes from_pretrained
+    # partition the weights while they load.
+    args = grpo_config(train, checkpoints_dir, dtype, cuda)
+    main_process = args.process_index == 0
+    source = base.read_source(base_dir)
     dataset = load_dataset(data_dir, splits=("train",))["train"]
     reward_funcs, reward_weights = reward_functions(train.rewards)
 
     resume_from = get_last_checkpoint(str(checkpoints_dir)) if train.resume and checkpoints_dir.is_dir() else None
+    if train.resume and not resume_from and main_process:
+        log(f"train: train.resume is true but {checkpoints_dir} holds no checkpoint: training from scratch")
     if not resume_from and main_process:
         shutil.rmtree(checkpoints_dir, ignore_errors=True)  # a fresh run: old checkpoints would mix in
 
-    model, processor = models.load_for_training(config.model, train, backend)
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    zero3_init = is_deepspeed_zero3_enabled()  # True here under ZeRO-3: the weights are partitioned as they load
+    model, processor = models.load_for_training(base.base_model_path(base_dir), config.model, train, backend, dtype,
+                                                zero3=is_zero3(args))
     prompt_tokens = check_prompt_length(dataset, processor, train.max_prompt_length)
     trainable = models.trainable_summary(model)
-    log.info("backend=%s trainable LoRA parameters: %s; prompt tokens <= %d", backend, trainable, prompt_tokens)
+    logger.info("backend=%s trainable LoRA parameters: %s; prompt tokens <= %d", backend, trainable, prompt_tokens)
 
     callbacks = []
     if main_process:
@@ -187,21 +251,27 @@ def run_training(config: Config, backend: str, data_dir: Path, adapter_dir: Path
             trim_curves(reports_dir, int(Path(resume_from).name.split("-")[-1]))
         live = Live(str(reports_dir), resume=bool(resume_from), dvcyaml=None, save_dvc_exp=False, report=None)
         callbacks.append(LiveCurves(live))
-    trainer = build_trainer(config, model, processor, dataset, reward_funcs, reward_weights, checkpoints_dir,
-                            callbacks=callbacks, cuda=cuda)
+    trainer = build_trainer(config, model, processor, dataset, reward_funcs, reward_weights, callbacks=callbacks,
+                            args=args)
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume_from)
     seconds = time.perf_counter() - start
-    trainer.accelerator.wait_for_everyone()
+    save_trained_adapter(trainer, adapter_dir, main_process)
     if not main_process:
         return None
 
-    save_adapter(trainer.accelerator.unwrap_model(trainer.model), processor, adapter_dir)
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
+    zero_spread = [entry.get("frac_reward_zero_std") for entry in history if "frac_reward_zero_std" in entry]
+    change = adapter_change(adapter_dir)
     summary = {
         "backend": backend,
+        "base_model": base.describe(source),
+        "base_revision": source.get("sha"),
+        "dtype": dtype,
+        "load_in_4bit": train.load_in_4bit,
         "world_size": trainer.accelerator.num_processes,
         "distributed": "deepspeed" if trainer.is_deepspeed_enabled else str(trainer.accelerator.distributed_type.value),
+        "zero3_init": zero3_init,
         "steps": trainer.state.global_step,
         "resumed_from": Path(resume_from).name if resume_from else None,
         "seconds": round(seconds, 1),
@@ -209,8 +279,17 @@ def run_training(config: Config, backend: str, data_dir: Path, adapter_dir: Path
         "trainable_parameters": trainable,
         "prompt_tokens": prompt_tokens,
         "final_reward": history[-1]["reward"] if history else None,
+        "adapter_changed": change > 0,
+        "adapter_max_lora_b": change,
+        "zero_spread_steps": round(sum(f == 1.0 for f in zero_spread) / len(zero_spread), 4) if zero_spread else None,
         "peak_vram_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
     }
+    if not summary["adapter_changed"]:
+        log(f"train: the adapter did not change: every lora_B is still 0 after {summary['steps']} steps "
+            f"(steps whose groups all had zero reward spread: {summary['zero_spread_steps']}); the trained model is "
+            "the base model")
+    elif summary["zero_spread_steps"] == 1.0:
+        log("train: every step's groups had zero reward spread: no advantage, so no learning signal")
     for key, value in summary.items():
         live.summary[key] = value
     live.make_summary()
