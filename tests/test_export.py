@@ -115,6 +115,17 @@ def test_model_card(exported):
     assert not (exported.root / "gguf" / "Modelfile").exists()  # Ollama cannot load these split files
 
 
+def test_model_card_names_the_hub_commit(exported):
+    from vgrpo.gguf_runtime import find_gguf_files
+
+    texts, projector = find_gguf_files(exported.root / "gguf")
+    full = config_from_dict(tiny_params() | {"profile": "full"})
+    source = {"kind": "hub", "name": full.model.name, "revision": full.model.revision, "sha": "f" * 40}
+    card = export.model_card(full, source, STEM, texts, projector, exported.root / "adapter", exported.root / "shapes",
+                             exported.root / "eval.json")
+    assert f"Base model: `Qwen/Qwen3-VL-8B-Instruct@{'f' * 40}` (revision `{full.model.revision}`" in card
+
+
 @pytest.mark.parametrize("content, expected", [
     (None, "Evaluation results are missing: `{path}` does not exist"),
     ("{not json", "Evaluation results are missing: `{path}` is not readable JSON"),

@@ -6,7 +6,7 @@ import json
 import re
 
 import yaml
-from conftest import run
+from conftest import copy_repo, run
 
 
 def declared(repo, kind: str) -> list[str]:
@@ -52,3 +52,16 @@ def test_exp_show_lists_the_run(tiny_pipeline):
     assert any(p.get("profile") == "tiny" for p in params)
     table = run(["dvc", "exp", "show", "--md"], tiny_pipeline).stdout
     assert any("└──" in row and "| tiny " in row for row in table.splitlines())  # the experiment, profile tiny
+
+
+def test_resumed_run_under_dvc_continues_the_curves(tiny_pipeline, tmp_path):
+    """`dvc exp run -S train.resume=true` keeps the curves (declared persist) and appends to them."""
+    repo = copy_repo(tiny_pipeline, tmp_path / "repo")
+    steps = json.loads((repo / "reports/train/metrics.json").read_text())["steps"]
+    result = run(["dvc", "exp", "run", "-S", "train.resume=true", "-S", f"profiles.tiny.train.max_steps={steps + 2}"],
+                 repo)
+    assert "Running stage 'train'" in result.stdout and "Running stage 'base'" not in result.stdout
+    metrics = json.loads((repo / "reports/train/metrics.json").read_text())
+    assert (metrics["steps"], metrics["resumed_from"]) == (steps + 2, f"checkpoint-{steps}")
+    rows = (repo / "reports/train/plots/metrics/train/reward.tsv").read_text().splitlines()[1:]
+    assert [r.split("\t")[0] for r in rows] == [str(i) for i in range(1, steps + 3)]

@@ -53,6 +53,12 @@ def smoked(exported):
                                  predictions=predictions)
 
 
+def test_the_transformers_model_is_freed_before_llama_cpp_loads(smoked):
+    held = smoked.metrics["hf"]["memory_freed_gb"]
+    assert 0.1 < held < 1.0  # the tiny model's float32 weights (~0.16 GB), on this CPU machine
+    assert f"freed the transformers model ({held:.2f} GiB of weights) before llama.cpp loads" in smoked.stdout
+
+
 def test_every_gguf_answers_and_matches_the_merged_model(smoked):
     files = smoked.metrics["files"]
     assert set(files) == {f"{STEM}-f16.gguf", f"{STEM}-q4_k_m.gguf"}
