@@ -20,7 +20,7 @@ from vgrpo.evaluation import generate
 def throughput(model, processor, rows, params) -> float:
     start = time.perf_counter()
     for begin in range(0, len(rows), params.batch_size):
-        generate(model, processor, rows[begin:begin + params.batch_size], params)
+        generate(model, processor, rows[begin:begin + params.batch_size], params.max_new_tokens)
     return len(rows) / (time.perf_counter() - start)
 
 
@@ -43,7 +43,7 @@ def main(samples: int, batch_size: int, max_new_tokens: int, params_path: str) -
     model, processor = models.load_model(path, "float32").eval(), models.load_processor(path, config.model)
     torch.set_num_threads(torch.get_num_threads())
     base = dataclasses.replace(config.evaluate, max_new_tokens=max_new_tokens)
-    generate(model, processor, rows[:2], dataclasses.replace(base, batch_size=2))  # warm-up
+    generate(model, processor, rows[:2], max_new_tokens)  # warm-up
     sequential = throughput(model, processor, rows, dataclasses.replace(base, batch_size=1))
     batched = throughput(model, processor, rows, dataclasses.replace(base, batch_size=batch_size))
     print(f"sequential (batch 1)  : {sequential:6.2f} samples/s")

@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", "data/.gitignore"]
+FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore", "data/.gitignore"]
 
 
 def sh(command: list[str], cwd: Path) -> str:

@@ -33,10 +33,14 @@ def main(params_path, data_dir, base_dir, adapter_dir, reports_dir) -> None:
         with tqdm(desc="evaluate", unit="sample") as progress:
             metrics = run_evaluation(config, dtype, Path(data_dir), Path(base_dir), Path(adapter_dir),
                                      Path(reports_dir), progress)
+        if metrics["adapter"]["max_lora_b"] == 0:
+            click.echo("evaluate: the adapter is all zeros: base and trained are the same model")
         for split in config.evaluate.splits:
-            m = metrics[split]
+            m, gain = metrics[split], metrics[split]["trained_minus_base"]
+            low, high = gain["accuracy_ci95"]
             click.echo(f"{split:>5}: accuracy base {m['base']['accuracy']:.3f} -> trained "
-                       f"{m['trained']['accuracy']:.3f} ({m['trained_minus_base']['accuracy']:+.3f})")
+                       f"{m['trained']['accuracy']:.3f} ({gain['accuracy']:+.3f}, paired 95% CI "
+                       f"[{low:+.3f}, {high:+.3f}], McNemar p = {gain['mcnemar_p']:.3g}, n = {m['base']['samples']})")
 
 
 if __name__ == "__main__":

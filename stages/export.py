@@ -1,6 +1,6 @@
 """Stage 5: merge the LoRA adapter into the base model (models/merged, safetensors + processor), convert
-it with llama.cpp's converter to GGUF (text model f16 + mmproj-*.gguf vision projector), quantize
-(export.quantizations), and write the model card (models/gguf/README.md).
+it with llama.cpp's converter to GGUF (text model f16 + mmproj-*.gguf vision projector), and quantize
+(export.quantizations). Both outputs are swapped in only when everything succeeded.
 
     python stages/export.py                          # params.yaml: models/adapter -> models/merged, models/gguf
     dvc exp run -S profile=tiny export               # the tiny model, on a CPU
@@ -19,19 +19,15 @@ from vgrpo.config import load_config
 @click.option("--base", "base_dir", default="models/base", show_default=True, help="Base model from `base`.")
 @click.option("--adapter", "adapter_dir", default="models/adapter", show_default=True, help="LoRA adapter in.")
 @click.option("--merged", "merged_dir", default="models/merged", show_default=True, help="Merged model out.")
-@click.option("--gguf", "gguf_dir", default="models/gguf", show_default=True, help="GGUF files and model card out.")
-@click.option("--data", "data_dir", default="data/shapes", show_default=True, help="Dataset (for the card).")
-@click.option("--eval-metrics", "eval_metrics", default="reports/eval/metrics.json", show_default=True,
-              help="Evaluation metrics, for the card's table.")
-def main(params_path, base_dir, adapter_dir, merged_dir, gguf_dir, data_dir, eval_metrics) -> None:
-    """Merge, convert to GGUF, quantize, write the model card."""
+@click.option("--gguf", "gguf_dir", default="models/gguf", show_default=True, help="GGUF files out.")
+def main(params_path, base_dir, adapter_dir, merged_dir, gguf_dir) -> None:
+    """Merge, convert to GGUF, quantize."""
     with user_errors():
         config = load_config(params_path)
         quiet_libraries()
         from vgrpo.export import run_export
 
-        summary = run_export(config, Path(base_dir), Path(adapter_dir), Path(merged_dir), Path(gguf_dir),
-                             Path(data_dir), Path(eval_metrics))
+        summary = run_export(config, Path(base_dir), Path(adapter_dir), Path(merged_dir), Path(gguf_dir))
         for name, info in summary["files"].items():
             share = "" if info["k_quant_share"] is None else f", K-quant share {info['k_quant_share']:.0%}"
             click.echo(f"export: {gguf_dir}/{name} ({info['file_type']}, {info['bytes'] / 2**20:.1f} MiB{share})")

@@ -15,7 +15,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 # What a pipeline needs to run: copied (not linked) so tests can edit freely.
-PIPELINE_FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", "data/.gitignore"]
+PIPELINE_FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore",
+                  "data/.gitignore"]
 
 # No hub here: a test that needs one starts tests/hub_server.py and points HF_ENDPOINT at it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -92,11 +93,13 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_base(tmp_path_factory) -> Path:
-    """models/base of the tiny profile, written once by the base stage. Read it; copy it to change it."""
+def tiny_base(tmp_path_factory, tiny_dataset) -> Path:
+    """models/base of the tiny profile (warm-started on the tiny dataset's warmup split), written once by
+    the base stage. Read it; copy it to change it."""
     out = tmp_path_factory.mktemp("tiny-base") / "base"
     params = write_params(out.parent / "params.yaml", tiny_params())
-    result = stage("base", "--params", str(params), "--out", str(out))
+    result = stage("base", "--params", str(params), "--data", str(tiny_dataset), "--out", str(out), "--reports",
+                   str(out.parent / "reports"))
     assert result.returncode == 0, result.stderr
     return out
 

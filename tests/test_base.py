@@ -31,7 +31,8 @@ def run_base(params: Path, out: Path, env: dict) -> subprocess.CompletedProcess:
     """`python stages/base.py` as DVC runs it, in the given (hub client) environment."""
     env = {**env, "PATH": f"{VENV_BIN}:{env['PATH']}", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, str(ROOT / "stages" / "base.py"), "--params", str(params), "--out",
-                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           str(out), "--reports", str(out.parent / f"{out.name}-reports")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def load_from(base_dir: Path, env: dict) -> dict:
@@ -222,7 +223,7 @@ def test_a_local_model_directory_is_recorded_not_copied(tiny_model_dir, tmp_path
 
     raw = tiny_params()
     raw["profiles"]["tiny"]["model"]["name"] = str(tiny_model_dir)
-    source = prepare_base(config_from_dict(raw).model, tmp_path / "base")
+    source = prepare_base(config_from_dict(raw), tmp_path / "base", tmp_path / "no-data", tmp_path / "reports")
     assert source["kind"] == "local" and source["path"] == str(tiny_model_dir)
     assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["source.json"]
     assert base_model_path(tmp_path / "base") == str(tiny_model_dir)

@@ -15,7 +15,8 @@ from vgrpo.base import base_model_path
 from vgrpo.config import config_from_dict
 
 PER_MODEL = ["samples", "accuracy", "accuracy_ci95", "format_compliance", "description_rate", "unparseable_rate",
-             "mean_reasoning_tokens", "rewards", "accuracy_by_shape", "accuracy_by_count", "attention_on_image"]
+             "mean_reasoning_tokens", "rewards", "accuracy_by_shape", "accuracy_by_count", "attention_on_image",
+             "attention_samples"]
 
 
 # --- Scoring, without a model ------------------------------------------------------------------
@@ -56,6 +57,37 @@ def test_difference_is_trained_minus_base():
     assert evaluation.difference(trained, base) == {"accuracy": 0.5, "rewards": {"format_tags": 3.0}}
 
 
+def test_paired_interval_and_mcnemar_on_a_known_difference():
+    """100 images: both right on 40, only trained on 30, only base on 5, both wrong on 25. The gain is
+    exactly 0.25; the pairing makes the interval far narrower than two independent intervals would."""
+    base = [True] * 40 + [False] * 30 + [True] * 5 + [False] * 25
+    trained = [True] * 40 + [True] * 30 + [False] * 5 + [False] * 25
+    low, high = evaluation.paired_bootstrap_ci(base, trained, 2000, 0)
+    assert low < 0.25 < high and low > 0.1 and high < 0.4
+    from scipy.stats import binom
+
+    assert evaluation.mcnemar_p(base, trained) == pytest.approx(2 * binom.cdf(5, 35, 0.5), rel=1e-4)
+    assert evaluation.mcnemar_p(base, trained) < 1e-4
+    unpaired = [a - b for a, b in zip(evaluation.bootstrap_ci(trained, 2000, 0)[::-1],
+                                      evaluation.bootstrap_ci(base, 2000, 0), strict=True)]
+    assert high - low < unpaired[0] - unpaired[1]  # narrower than the difference of independent intervals
+
+
+def test_identical_models_have_a_zero_interval_and_p_one():
+    same = [True, False, True, True, False] * 8
+    assert evaluation.paired_bootstrap_ci(same, same, 1000, 0) == [0.0, 0.0]
+    assert evaluation.mcnemar_p(same, same) == 1.0
+
+
+def test_gain_carries_interval_p_and_discordant_counts():
+    params = config_from_dict(tiny_params()).evaluate
+    base = [record(2, 2), record(3, 1), record(1, 1), record(4, 0)]
+    trained = [record(2, 2), record(3, 3), record(1, 0), record(4, 4)]
+    g = evaluation.gain(base, trained, params)
+    assert g["accuracy"] == 0.25 and (g["only_trained_right"], g["only_base_right"]) == (2, 1)
+    assert g["mcnemar_p"] == 1.0 and len(g["accuracy_ci95"]) == 2
+
+
 def test_reasoning_text_rule():
     assert evaluation.reasoning_text("<REASONING>two blue</REASONING><SOLUTION>2</SOLUTION>") == "two blue"
     assert evaluation.reasoning_text("I count 2 circles <SOLUTION>2</SOLUTION>") == "I count 2 circles "
@@ -78,23 +110,38 @@ def model_and_rows(tiny_base, tmp_path_factory):
 
 def test_batched_greedy_equals_one_at_a_time(model_and_rows):
     config, model, processor, rows = model_and_rows
-    params = dataclasses.replace(config.evaluate, max_new_tokens=12)
-    batched = evaluation.generate(model, processor, rows, dataclasses.replace(params, batch_size=6))
-    single = [evaluation.generate(model, processor, [row], dataclasses.replace(params, batch_size=1))[0]
-              for row in rows]
+    batched = evaluation.generate(model, processor, rows, max_new_tokens=12)
+    single = [evaluation.generate(model, processor, [row], max_new_tokens=12)[0] for row in rows]
     assert batched == single
 
 
 def test_attention_share_and_grid(model_and_rows):
     config, model, processor, rows = model_and_rows
     evaluation.with_eager_attention(model)
-    completion = evaluation.generate(model, processor, rows[:1], config.evaluate)[0]
+    completion = evaluation.generate(model, processor, rows[:1], config.evaluate.max_new_tokens)[0]
     share, grid = evaluation.image_attention(model, processor, rows[0], completion)
     assert grid.shape == (8, 8)  # 64 image tokens for 256x256
     assert 0.0 < share < 1.0
     assert np.isclose(grid.sum(), share, atol=1e-4)
-    image = evaluation.heatmap(rows[0]["image"], grid)
+    image = evaluation.heatmap(rows[0]["image"], grid, float(grid.min()), float(grid.max()))
     assert image.size == rows[0]["image"].size
+
+
+def test_heatmaps_share_one_colour_scale(model_and_rows):
+    """The same attention value is the same red in the base and the trained panel: each panel scaled to its
+    own range would paint cell (7, 7), 0.1 in both, full red in one and faint in the other."""
+    _, _, _, rows = model_and_rows
+    image = rows[0]["image"]
+    base, trained = np.full((8, 8), 0.1), np.full((8, 8), 0.1)
+    base[1, 1] = trained[1, 1] = 0.0
+    trained[0, 0] = 0.9
+    low, high = min(base.min(), trained.min()), max(base.max(), trained.max())
+    panels = [np.asarray(evaluation.heatmap(image, grid, low, high)).astype(int) for grid in (base, trained)]
+    cell = (slice(224, 256), slice(224, 256))  # cell (7, 7), 32 px per cell
+    assert (panels[0][cell] == panels[1][cell]).all()
+    own_scale = [np.asarray(evaluation.heatmap(image, grid, grid.min(), grid.max())).astype(int)
+                 for grid in (base, trained)]
+    assert not (own_scale[0][cell] == own_scale[1][cell]).all()  # what the shared scale prevents
 
 
 # --- The stage, end to end --------------------------------------------------------------------
@@ -109,9 +156,13 @@ def test_metrics_predictions_plots_and_heatmaps(tiny_pipeline):
             assert set(PER_MODEL) <= set(metrics[split][name]), (split, name)
             assert metrics[split][name]["samples"] == params.max_samples[split]
             assert 0.0 <= metrics[split][name]["attention_on_image"] <= 1.0
-        assert "accuracy" in metrics[split]["trained_minus_base"]
+            assert metrics[split][name]["attention_samples"] == params.attention_samples
+        gain = metrics[split]["trained_minus_base"]
+        assert {"accuracy", "accuracy_ci95", "mcnemar_p", "only_trained_right", "only_base_right"} <= set(gain)
+        assert gain["accuracy_ci95"][0] <= gain["accuracy"] <= gain["accuracy_ci95"][1] and 0 < gain["mcnemar_p"] <= 1
     assert set(metrics["ood"]["base"]["accuracy_by_count"]) <= {"6", "7", "8"}
     assert metrics["speed"]["samples_per_second"] > 0
+    assert metrics["decoding"] == {"do_sample": False, "temperature": None, "max_new_tokens": params.max_new_tokens}
 
     lines = [json.loads(line) for line in (reports / "predictions.jsonl").read_text().splitlines()]
     assert len(lines) == 2 * sum(params.max_samples[split] for split in params.splits)
@@ -128,20 +179,62 @@ def test_metrics_predictions_plots_and_heatmaps(tiny_pipeline):
     assert header[0] == "count,range,base,trained"
     assert any(",out of range," in line for line in header) and any(",in range," in line for line in header)
     assert (plots / "confusion_trained.csv").read_text().startswith("actual,predicted\n")
-    assert (plots / "accuracy_by_reasoning_length.csv").exists()
+    lengths = (plots / "accuracy_by_reasoning_length.csv").read_text().splitlines()
+    assert lengths[0] == "reasoning_tokens,base,trained,base_samples,trained_samples"
+    assert all(line.split(",")[0].isdigit() for line in lengths[1:]) and len(lengths) > 1  # a number on x
     assert len(list((reports / "attention").glob("*.png"))) == params.attention_samples * len(params.splits)
 
 
-def test_dvc_metrics_and_plots_show(tiny_pipeline, tmp_path):
+def quantitative_fields(spec: dict) -> set[str]:
+    """Fields a Vega-Lite spec draws on a numeric axis (x or y, at any depth of layers and facets)."""
+    found = set()
+    if isinstance(spec, dict):
+        for channel in ("x", "y"):
+            encoding = spec.get("encoding", {}).get(channel)
+            if isinstance(encoding, dict) and encoding.get("type") == "quantitative" and "field" in encoding:
+                found.add(encoding["field"])
+        for value in spec.values():
+            found |= quantitative_fields(value)
+    elif isinstance(spec, list):
+        for value in spec:
+            found |= quantitative_fields(value)
+    return found
+
+
+def test_every_declared_plot_renders_with_data(tiny_pipeline, tmp_path):
+    """`dvc plots show` on the tiny run: every plot dvc.yaml declares is there, has data points, and every
+    value on a numeric axis is a number (Vega-Lite drops a point whose x is text)."""
+    import yaml
+
+    shown = json.loads(run(["dvc", "plots", "show", "--json"], tiny_pipeline).stdout)["data"]
+    pipeline = yaml.safe_load((tiny_pipeline / "dvc.yaml").read_text())
+    titles = [next(iter(plot)) for plot in pipeline["plots"]]
+    assert set(titles) <= set(shown), set(titles) - set(shown)
+    for directory in ("reports/base/plots/metrics/", "reports/train/plots/metrics/", "reports/eval/attention/"):
+        assert any(name.startswith(directory) for name in shown), directory
+    for name, renders in shown.items():
+        for render in renders:
+            if render["type"] == "image":
+                assert (tiny_pipeline / name).stat().st_size > 0, name
+                continue
+            values = render["content"]["data"]["values"]
+            assert values, f"{name}: no data points"
+            for field in quantitative_fields(render["content"]):
+                numbers = [row[field] for row in values if field in row]
+                assert numbers, (name, field)
+                for number in numbers:
+                    float(number)  # raises on text such as "0000-15"
+    out = tmp_path / "plots"
+    run(["dvc", "plots", "show", "-o", str(out)], tiny_pipeline)
+    html = (out / "index.html").read_text()
+    assert "Accuracy by reasoning length" in html and "Confusion, trained" in html and "attention" in html
+
+
+def test_dvc_metrics_show(tiny_pipeline):
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], tiny_pipeline).stdout)
     files = next(iter(shown.values()))["data"]
-    assert "reports/eval/metrics.json" in files and "reports/train/metrics.json" in files
-    out = tmp_path / "plots"
-    run(["dvc", "plots", "show", "--json", "-o", str(out)], tiny_pipeline)
-    result = run(["dvc", "plots", "show", "-o", str(out)], tiny_pipeline)
-    html = (out / "index.html").read_text()
-    assert "Accuracy by true count" in html and "Confusion, trained" in html
-    assert "attention" in html and result.returncode == 0
+    assert {"reports/base/metrics.json", "reports/train/metrics.json", "reports/eval/metrics.json",
+            "reports/smoke/metrics.json"} <= set(files)
 
 
 def test_changing_an_evaluate_param_reruns_evaluate_only(tiny_pipeline, tmp_path):

@@ -1,10 +1,10 @@
 """The export stage: merged checkpoint (logits = base + adapter), llama.cpp's GGUF text model, mmproj and
-quantizations, the model card, and bad input that fails with one line and leaves no half-written output."""
+quantizations, and bad input that fails with one line and leaves no half-written output (the previous
+merged model and GGUF files stay, both)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import types
 from pathlib import Path
@@ -17,12 +17,6 @@ from vgrpo.config import QUANTIZATIONS, config_from_dict
 from vgrpo.gguf_runtime import GGUFError, k_quant_share, read_gguf
 
 STEM = "qwen3vl-tiny-shapes-grpo"
-# The evaluate stage's metrics.json: split -> model -> summary (plus figures that are not accuracies).
-EVAL_METRICS = {"speed": {"samples": 32, "seconds": 3.2},
-                "val": {"base": {"accuracy": 0.125, "accuracy_ci95": [0.0, 0.3]}, "trained": {"accuracy": 0.5},
-                        "trained_minus_base": {"accuracy": 0.375}},
-                "ood": {"base": {"accuracy": 0.0}, "trained": {"accuracy": 0.25},
-                        "trained_minus_base": {"accuracy": 0.25}}}
 
 
 def digest(directory: Path) -> dict[str, str]:
@@ -30,9 +24,7 @@ def digest(directory: Path) -> dict[str, str]:
 
 
 def export_args(root: Path, **paths) -> list[str]:
-    default = {"base": root / "base", "adapter": root / "adapter", "merged": root / "merged", "gguf": root / "gguf",
-               "data": root / "shapes",
-               "eval-metrics": root / "eval.json"}
+    default = {"base": root / "base", "adapter": root / "adapter", "merged": root / "merged", "gguf": root / "gguf"}
     return [arg for key, path in {**default, **paths}.items() for arg in (f"--{key}", str(path))]
 
 
@@ -44,21 +36,20 @@ def exported(tmp_path_factory, tiny_base):
     assert stage("generate", "--params", str(params), "--out", str(root / "shapes")).returncode == 0
     (root / "base").symlink_to(tiny_base)
     tiny_adapter(root / "adapter", tiny_base)
-    (root / "eval.json").write_text(json.dumps(EVAL_METRICS))
     adapter_before = digest(root / "adapter")
     result = stage("export", "--params", str(params), *export_args(root))
     assert result.returncode == 0, result.stderr[-3000:]
     return types.SimpleNamespace(root=root, params=params, stdout=result.stdout, adapter_before=adapter_before)
 
 
-def test_export_writes_merged_model_gguf_files_and_card(exported):
+def test_export_writes_merged_model_and_gguf_files(exported):
     root = exported.root
     merged = {p.name for p in (root / "merged").iterdir()}
     assert {"model.safetensors", "config.json", "processor_config.json", "tokenizer.json",
             "chat_template.jinja"} <= merged
     assert not any(name.endswith((".bin", ".pt", ".pth")) for name in merged)
-    assert {p.name for p in (root / "gguf").iterdir()} == {
-        f"{STEM}-f16.gguf", f"mmproj-{STEM}-f16.gguf", f"{STEM}-q4_k_m.gguf", "README.md"}
+    assert {p.name for p in (root / "gguf").iterdir()} == {  # the model card comes after smoke (the card stage)
+        f"{STEM}-f16.gguf", f"mmproj-{STEM}-f16.gguf", f"{STEM}-q4_k_m.gguf"}
     assert not [p.name for p in root.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
     assert digest(root / "adapter") == exported.adapter_before  # the adapter stays available as it was
     assert f"{root}/gguf/{STEM}-q4_k_m.gguf (q4_k_m, " in exported.stdout
@@ -99,48 +90,6 @@ def test_gguf_files_are_the_text_model_projector_and_k_quants(exported):
     # Text hidden 256: every quantized tensor gets a K-quant (Q4_K, Q6_K for the sensitive ones), no fallbacks.
     assert "Q4_K" in q4.tensor_types and k_quant_share(q4.tensor_types) == 1.0
     assert k_quant_share({"Q4_K": 3, "Q5_0": 1, "F32": 5}) == 0.75 and k_quant_share(f16.tensor_types) is None
-
-
-def test_model_card(exported):
-    card = (exported.root / "gguf" / "README.md").read_text()
-    assert "tiny random Qwen3-VL" in card and "r=16, alpha=16" in card and "language and vision" in card
-    assert "train 64, val 16, test 16, ood 16" in card
-    assert "| accuracy | base | trained | trained_minus_base |" in card
-    assert "| val | 0.125 | 0.500 | 0.375 |" in card and "| ood | 0.000 | 0.250 | 0.250 |" in card
-    for how in [f"llama-mtmd-cli -m {STEM}-q4_k_m.gguf --mmproj mmproj-{STEM}-f16.gguf",
-                f"llama-server -m {STEM}-q4_k_m.gguf --mmproj mmproj-{STEM}-f16.gguf",
-                "MTMDChatHandler(clip_model_path=",
-                "ollama/ollama#12896", "FROM ./models/merged", "--no-repack", "How many circles are in the image?"]:
-        assert how in card, how
-    assert not (exported.root / "gguf" / "Modelfile").exists()  # Ollama cannot load these split files
-
-
-def test_model_card_names_the_hub_commit(exported):
-    from vgrpo.gguf_runtime import find_gguf_files
-
-    texts, projector = find_gguf_files(exported.root / "gguf")
-    full = config_from_dict(tiny_params() | {"profile": "full"})
-    source = {"kind": "hub", "name": full.model.name, "revision": full.model.revision, "sha": "f" * 40}
-    card = export.model_card(full, source, STEM, texts, projector, exported.root / "adapter", exported.root / "shapes",
-                             exported.root / "eval.json")
-    assert f"Base model: `Qwen/Qwen3-VL-8B-Instruct@{'f' * 40}` (revision `{full.model.revision}`" in card
-
-
-@pytest.mark.parametrize("content, expected", [
-    (None, "Evaluation results are missing: `{path}` does not exist"),
-    ("{not json", "Evaluation results are missing: `{path}` is not readable JSON"),
-    ("[1, 2]", "Evaluation results are missing: `{path}` holds no numeric `accuracy`"),
-    ('{"val": {"trained": {"accuracy": "high"}}}', "holds no numeric `accuracy`"),
-    ('{"accuracy": 0.5, "test": {"accuracy": 0.25}}', "| result | accuracy |\n|---|---|\n| overall | 0.500 |\n"
-                                                       "| test | 0.250 |"),
-    ('{"val": {"base": {"accuracy": 0.1}}, "ood": {"trained": {"accuracy": 0.2}}}',
-     "| accuracy | base | trained |\n|---|---|---|\n| val | 0.100 |  |\n| ood |  | 0.200 |"),
-], ids=["missing", "not json", "a list", "not a number", "flat", "sparse grid"])
-def test_eval_table_renders_whatever_accuracy_it_finds(content, expected, tmp_path):
-    path = tmp_path / "metrics.json"
-    if content is not None:
-        path.write_text(content)
-    assert expected.format(path=path) in export.eval_table(path)
 
 
 # --- Bad input: one line, exit 2, nothing half-written ---------------------------------------------
@@ -187,21 +136,26 @@ def test_missing_converter_fails_before_the_merge(exported, tmp_path):
     assert not (tmp_path / "m").exists() and not (tmp_path / "g").exists()
 
 
-def test_failing_converter_keeps_the_previous_export(exported, tmp_path):
+def test_failing_converter_keeps_the_previous_merged_model_and_gguf(exported, tmp_path):
+    """The new merged model is ready before the converter runs; it must not replace the old one when the
+    conversion then fails, or merged/ and gguf/ would belong to different models."""
     converter = tmp_path / "llama.cpp"
     converter.mkdir()
     (converter / "convert_hf_to_gguf.py").write_text(
         "import sys\nprint('INFO: loading', file=sys.stderr)\nprint('NotImplementedError: Architecture not supported',"
         " file=sys.stderr)\nsys.exit(1)\n")
-    previous = tmp_path / "gguf"
-    shutil.copytree(exported.root / "gguf", previous)
-    before = digest(previous)
+    previous_gguf, previous_merged = tmp_path / "gguf", tmp_path / "merged"
+    shutil.copytree(exported.root / "gguf", previous_gguf)
+    shutil.copytree(exported.root / "merged", previous_merged)
+    before = digest(previous_gguf), digest(previous_merged)
+    other = tmp_path / "adapter"
+    tiny_adapter(other, exported.root / "base", seed=1)  # a different model: its merge differs from the old one
     result = stage("export", "--params", str(exported.params),
-                   *export_args(exported.root, merged=tmp_path / "merged", gguf=previous),
+                   *export_args(exported.root, adapter=other, merged=previous_merged, gguf=previous_gguf),
                    env={"VGRPO_LLAMA_CPP_DIR": str(converter)})
     assert result.returncode == 2, result.stderr[-2000:]
-    assert last_line(result) == (f"error: {converter / 'convert_hf_to_gguf.py'} failed on {tmp_path / 'merged'} "
-                                 "(exit 1): NotImplementedError: Architecture not supported")
-    assert digest(previous) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gguf", "llama.cpp", "merged"]  # no temp dirs
-
+    line = last_line(result)
+    assert line.startswith(f"error: {converter / 'convert_hf_to_gguf.py'} failed on {tmp_path}/.merged.tmp-")
+    assert line.endswith("(exit 1): NotImplementedError: Architecture not supported")
+    assert (digest(previous_gguf), digest(previous_merged)) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "gguf", "llama.cpp", "merged"]  # no temp dirs

@@ -39,6 +39,21 @@ def test_every_declared_metric_file_exists_and_parses(tiny_pipeline):
         assert (tiny_pipeline / path).exists(), path
 
 
+def test_the_tiny_run_trains_a_model_that_differs_from_its_base(tiny_pipeline):
+    """The warm-started base gives GRPO rewards that vary within groups, so the adapter moves, and
+    evaluate compares two different models."""
+    from safetensors.torch import load_file
+
+    train = json.loads((tiny_pipeline / "reports/train/metrics.json").read_text())
+    assert train["adapter_changed"] is True and train["zero_spread_steps"] < 1.0
+    adapter = load_file(str(tiny_pipeline / "models/adapter/adapter_model.safetensors"))
+    assert max(t.abs().max().item() for name, t in adapter.items() if "lora_B" in name) > 0
+    evaluation = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())
+    assert evaluation["adapter"]["max_lora_b"] > 0 and evaluation["adapter"]["max_logit_change"] > 0
+    base = json.loads((tiny_pipeline / "reports/base/metrics.json").read_text())
+    assert base["sft_steps"] > 0 and base["val"]["format_compliance"] > 0.5  # the warm start taught the format
+
+
 def test_smoke_gate_passed(tiny_pipeline):
     smoke = json.loads((tiny_pipeline / "reports/smoke/metrics.json").read_text())
     assert smoke["gate"] == {"passed": True, "failures": []}

@@ -4,16 +4,19 @@ remote and a real SSH remote (an sshd on 127.0.0.1 started here)."""
 from __future__ import annotations
 
 import getpass
+import re
 import socket
 import subprocess
 import time
+import types
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, copy_repo, run
 
-OUTPUTS = ["data/shapes", "models/adapter", "models/merged", "models/gguf", "reports/train/metrics.json",
-           "reports/eval/metrics.json", "reports/smoke/metrics.json", "reports/smoke/predictions.jsonl"]
+OUTPUTS = ["data/shapes", "models/base", "models/adapter", "models/merged", "models/gguf", "models/README.md",
+           "reports/base/metrics.json", "reports/train/metrics.json", "reports/eval/metrics.json",
+           "reports/smoke/metrics.json", "reports/smoke/predictions.jsonl"]
 
 
 def test_default_remote_and_link_types_are_configured():
@@ -22,13 +25,39 @@ def test_default_remote_and_link_types_are_configured():
     assert 'type = "reflink,hardlink,symlink,copy"' in config
 
 
+# The README's "Published artifacts" sequence, exactly (test_readme_publish_block_is_this_sequence):
+# publish in the repo that ran the pipeline, then a fresh git clone pulls it and has nothing to run.
+PUBLISH = """\
+git add -A && git commit -qm "pipeline run"
+dvc push --run-cache
+git clone -q <repo> <clone>
+cd <clone>
+dvc pull
+dvc status
+dvc repro
+"""
+
+
+def run_publish_sequence(repo: Path, clone: Path) -> dict[str, str]:
+    """Each line of PUBLISH in order, `cd` moving between the two repos; returns each command's output."""
+    cwd, outputs = repo, {}
+    for line in PUBLISH.splitlines():
+        command = line.replace("<repo>", str(repo)).replace("<clone>", str(clone))
+        if command.startswith("cd "):
+            cwd = Path(command[3:])
+            continue
+        outputs[line] = run(command, cwd).stdout
+    return outputs
+
+
 @pytest.fixture(scope="module")
 def published(tiny_pipeline, tmp_path_factory) -> Path:
-    """The tiny pipeline's results committed to git, as a maintainer would before `dvc push`."""
-    repo = copy_repo(tiny_pipeline, tmp_path_factory.mktemp("published") / "repo")
-    run(["git", "add", "-A"], repo)
-    run(["git", "commit", "-qm", "tiny run"], repo)
-    return repo
+    """The tiny pipeline's repo after the README's publish steps (commit, push) and a fresh clone's pull."""
+    root = tmp_path_factory.mktemp("published")
+    repo = copy_repo(tiny_pipeline, root / "repo")  # next to it, the default remote: root/vgrpo-dvc-storage
+    assert (repo / "checkpoints").is_dir()  # train's resumable checkpoints: local, never published
+    outputs = run_publish_sequence(repo, root / "clone")
+    return types.SimpleNamespace(repo=repo, clone=root / "clone", remote=root / "vgrpo-dvc-storage", outputs=outputs)
 
 
 def fresh_clone(repo: Path, dest: Path, remote_url: str | None = None, keyfile: Path | None = None) -> Path:
@@ -45,29 +74,37 @@ def assert_restored(clone: Path) -> None:
         assert (clone / output).exists(), output
     assert list((clone / "models/gguf").glob("mmproj-*.gguf"))
     status = run(["dvc", "status"], clone).stdout
-    assert "up to date" in status, status
+    assert "Data and pipelines are up to date." in status, status
     assert "Running stage" not in run(["dvc", "repro"], clone).stdout
 
 
-def test_push_fresh_clone_pull_runs_nothing(published, tmp_path):
-    remote = tmp_path / "remote"
-    run(["dvc", "remote", "modify", "--local", "storage", "url", str(remote)], published)
-    pushed = run(["dvc", "push", "--run-cache"], published)
-    assert "pushed" in pushed.stdout.lower()
-    assert (remote / "runs").is_dir()  # the run-cache went too
+def test_a_published_run_pulls_clean_into_a_fresh_clone(published):
+    outputs = published.outputs
+    assert "pushed" in outputs["dvc push --run-cache"].lower()
+    assert (published.remote / "runs").is_dir()  # the run-cache went too
+    assert not (published.clone / "checkpoints").exists()  # not in git, not in the remote
+    assert "Data and pipelines are up to date." in outputs["dvc status"], outputs["dvc status"]
+    assert "Running stage" not in outputs["dvc repro"] and "Stage 'train' didn't change" in outputs["dvc repro"]
+    assert_restored(published.clone)
+    assert_linked(published.clone)  # pulled outputs are links into the cache, not second copies
 
-    clone = fresh_clone(published, tmp_path / "clone", str(remote))
-    assert not (clone / "models/gguf").exists()
-    run(["dvc", "pull"], clone)
-    assert_restored(clone)
-    assert_linked(clone)  # pulled outputs are links into the cache, not second copies
 
-    # A single stage's outputs only: `dvc pull smoke` brings the smoke reports, not the dataset or models.
-    partial = fresh_clone(published, tmp_path / "partial", str(remote))
+def test_readme_publish_block_is_this_sequence():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Published artifacts"):readme.index("## The stages")]
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", section, re.DOTALL) if "dvc push --run-cache" in b]
+    assert len(blocks) == 1
+    commands = [line.split("  #")[0].strip() for line in blocks[0].splitlines() if line.strip()]
+    assert commands == PUBLISH.splitlines()
+
+
+def test_pull_one_stage_or_one_directory(published, tmp_path):
+    """A single stage's outputs only: `dvc pull smoke` brings the smoke reports, not the dataset or models;
+    `dvc pull models/gguf` only the GGUF directory."""
+    partial = fresh_clone(published.repo, published.repo.parent / "partial")
     run(["dvc", "pull", "smoke"], partial)
     assert (partial / "reports/smoke/metrics.json").exists()
     assert not (partial / "data/shapes").exists() and not (partial / "models/adapter").exists()
-    # What a user who wants the model file pulls: the GGUF directory, nothing else.
     run(["dvc", "pull", "models/gguf"], partial)
     assert list((partial / "models/gguf").glob("*.gguf")) and not (partial / "models/merged").exists()
 
@@ -81,9 +118,9 @@ def assert_linked(repo: Path) -> None:
 
 def test_relink_stores_fresh_outputs_once(published):
     """DVC copies what a stage just wrote into its cache; `dvc checkout --relink` swaps the copies for links."""
-    run(["dvc", "checkout", "--relink"], published)
-    assert_linked(published)
-    assert "up to date" in run(["dvc", "status"], published).stdout
+    run(["dvc", "checkout", "--relink"], published.repo)
+    assert_linked(published.repo)
+    assert "up to date" in run(["dvc", "status"], published.repo).stdout
 
 
 # --- A real SSH remote ----------------------------------------------------------------------------
@@ -132,19 +169,20 @@ def sshd(tmp_path):
 def test_ssh_remote_push_and_pull(published, sshd, tmp_path):
     url_prefix, key = sshd
     url = f"{url_prefix}{tmp_path / 'ssh-remote'}"
-    run(["dvc", "remote", "modify", "--local", "storage", "url", url], published)
-    run(["dvc", "remote", "modify", "--local", "storage", "keyfile", str(key)], published)
-    run(["dvc", "push", "--run-cache"], published)
+    repo = copy_repo(published.repo, tmp_path / "repo")
+    run(["dvc", "remote", "modify", "--local", "storage", "url", url], repo)
+    run(["dvc", "remote", "modify", "--local", "storage", "keyfile", str(key)], repo)
+    run(["dvc", "push", "--run-cache"], repo)
     assert (tmp_path / "ssh-remote" / "files").is_dir() and (tmp_path / "ssh-remote" / "runs").is_dir()
 
-    clone = fresh_clone(published, tmp_path / "clone", url, keyfile=key)
+    clone = fresh_clone(repo, tmp_path / "clone", url, keyfile=key)
     run(["dvc", "pull", "--run-cache"], clone)
     assert_restored(clone)
 
 
 def test_pointing_the_remote_at_s3_or_ssh(published, tmp_path):
     """The README's commands change the project's remote URL and the local key file."""
-    clone = fresh_clone(published, tmp_path / "clone")
+    clone = fresh_clone(published.repo, tmp_path / "clone")
     run(["dvc", "remote", "modify", "storage", "url", "s3://my-bucket/vgrpo"], clone)
     assert "url = s3://my-bucket/vgrpo" in (clone / ".dvc/config").read_text()
     run(["dvc", "remote", "modify", "storage", "url", "ssh://user@host/srv/vgrpo"], clone)

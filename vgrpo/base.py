@@ -22,8 +22,8 @@ import os
 import shutil
 from pathlib import Path
 
-from vgrpo.config import ModelParams, VgrpoError
-from vgrpo.files import atomic_dir
+from vgrpo.config import Config, ModelParams, VgrpoError
+from vgrpo.files import atomic_dir, write_json
 
 SOURCE_FILE = "source.json"
 # What Qwen3-VL's model and processor read: weights and their index, configs, tokenizer, chat template.
@@ -37,13 +37,20 @@ class BaseModelError(VgrpoError):
 
 # --- The stage ------------------------------------------------------------------------------------
 
-def prepare_base(model: ModelParams, base_dir: Path) -> dict:
-    """Write `base_dir` (source.json, plus the weights for a model built here); return source.json."""
+def prepare_base(config: Config, base_dir: Path, data_dir: Path, reports_dir: Path, log=print) -> dict:
+    """Write `base_dir` (source.json, plus the weights of a model built here) and reports_dir/metrics.json;
+    return source.json."""
+    model = config.model
     if model.name == "tiny":
-        return build_tiny_base(model, base_dir)
-    if Path(model.name).is_dir():
-        return record_local_base(model, base_dir)
-    return download_hub_base(model, base_dir)
+        source = build_tiny_base(config, base_dir, data_dir, reports_dir, log)
+    elif Path(model.name).is_dir():
+        source = record_local_base(model, base_dir)
+    else:
+        source = download_hub_base(model, base_dir)
+    if source["kind"] != "tiny":
+        write_json(reports_dir / "metrics.json", {"base_model": describe(source), "sha": source.get("sha")})
+    (reports_dir / "plots" / "metrics").mkdir(parents=True, exist_ok=True)  # declared in dvc.yaml; empty without SFT
+    return source
 
 
 def write_source(base_dir: Path, source: dict, model_dir: Path | None = None) -> None:
@@ -55,16 +62,26 @@ def write_source(base_dir: Path, source: dict, model_dir: Path | None = None) ->
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
 
 
-def build_tiny_base(model: ModelParams, base_dir: Path) -> dict:
-    """The tiny random Qwen3-VL, built (or copied from the local build cache) into `base_dir`."""
+def build_tiny_base(config: Config, base_dir: Path, data_dir: Path, reports_dir: Path, log=print) -> dict:
+    """The tiny random Qwen3-VL (from the local build cache), warm-started by supervised fine-tuning
+    when `base.sft_steps` > 0 (vgrpo.warm_start), into `base_dir`."""
     from vgrpo.tiny import tiny_model_dir
 
+    model = config.model
     built = tiny_model_dir(model.tiny_seed, model.min_pixels, model.max_pixels)
     staging = base_dir.with_name(f".{base_dir.name}.build-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(built, staging)
     try:
-        source = {"kind": "tiny", "name": "tiny", "seed": model.tiny_seed, "files": weight_files_on_disk(staging)}
+        if config.base.sft_steps:
+            from vgrpo.warm_start import warm_start
+
+            warm = warm_start(staging, model, config.base, data_dir, reports_dir, log)
+        else:
+            warm = {"sft_steps": 0}
+            write_json(reports_dir / "metrics.json", warm)
+        source = {"kind": "tiny", "name": "tiny", "seed": model.tiny_seed, "warm_start": warm,
+                  "files": weight_files_on_disk(staging)}
         write_source(base_dir, source, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -244,7 +261,8 @@ def describe(source: dict) -> str:
         return f"{source['name']}@{source['sha']}"
     if source["kind"] == "local":
         return source["path"]
-    return f"tiny (seed {source.get('seed')})"
+    steps = (source.get("warm_start") or {}).get("sft_steps")
+    return f"tiny (seed {source.get('seed')}" + (f", warm-started {steps} SFT steps)" if steps else ", random)")
 
 
 # --- Files --------------------------------------------------------------------------------------

@@ -53,11 +53,13 @@ def batch_inputs(processor, rows, device):
 
 
 @torch.no_grad()
-def generate(model, processor, rows, params: EvaluateParams) -> list[list[int]]:
-    """Completion token ids for a batch of rows (left padding, so all prompts end together)."""
+def generate(model, processor, rows, max_new_tokens: int, do_sample: bool = False,
+             temperature: float = 1.0) -> list[list[int]]:
+    """Completion token ids for a batch of rows (left padding, so all prompts end together); greedy
+    unless `do_sample`."""
     inputs = batch_inputs(processor, rows, model.device)
-    sampling = {"do_sample": True, "temperature": params.temperature} if params.do_sample else {"do_sample": False}
-    output = model.generate(**inputs, max_new_tokens=params.max_new_tokens, **sampling)
+    sampling = {"do_sample": True, "temperature": temperature} if do_sample else {"do_sample": False}
+    output = model.generate(**inputs, max_new_tokens=max_new_tokens, **sampling)
     new = output[:, inputs["input_ids"].shape[1]:]
     stop = {processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id}
     completions = []
@@ -101,6 +103,43 @@ def bootstrap_ci(correct: list[bool], samples: int, seed: int) -> list[float]:
     return [round(float(np.percentile(means, 2.5)), 4), round(float(np.percentile(means, 97.5)), 4)]
 
 
+def paired_bootstrap_ci(base: list[bool], trained: list[bool], samples: int, seed: int) -> list[float]:
+    """95% percentile bootstrap interval for accuracy(trained) - accuracy(base). Each resample draws the
+    same images for both models: the two answered the same images, and pairing removes the variance
+    that the images' difficulty puts into both accuracies alike."""
+    base_arr, trained_arr = np.asarray(base, dtype=float), np.asarray(trained, dtype=float)
+    if base_arr.size == 0:
+        return [0.0, 0.0]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, base_arr.size, size=(samples, base_arr.size))
+    gains = trained_arr[picks].mean(axis=1) - base_arr[picks].mean(axis=1)
+    return [round(float(np.percentile(gains, 2.5)), 4), round(float(np.percentile(gains, 97.5)), 4)]
+
+
+def mcnemar_p(base: list[bool], trained: list[bool]) -> float:
+    """Exact two-sided McNemar test: are the images only the trained model gets right more (or fewer)
+    than those only the base gets right, beyond chance? 1.0 when the two never disagree."""
+    from scipy.stats import binomtest
+
+    trained_only = sum(t and not b for b, t in zip(base, trained, strict=True))
+    base_only = sum(b and not t for b, t in zip(base, trained, strict=True))
+    if trained_only + base_only == 0:
+        return 1.0
+    return round(float(binomtest(trained_only, trained_only + base_only, 0.5).pvalue), 6)
+
+
+def gain(base_records: list[dict], trained_records: list[dict], params: EvaluateParams) -> dict:
+    """trained - base on one split: every number's difference, and for accuracy the paired interval,
+    McNemar's p and the discordant counts it rests on."""
+    base_correct = [r["correct"] for r in base_records]
+    trained_correct = [r["correct"] for r in trained_records]
+    return {**difference(summarize(trained_records, params), summarize(base_records, params)),
+            "accuracy_ci95": paired_bootstrap_ci(base_correct, trained_correct, params.bootstrap_samples, params.seed),
+            "mcnemar_p": mcnemar_p(base_correct, trained_correct),
+            "only_trained_right": sum(t and not b for b, t in zip(base_correct, trained_correct, strict=True)),
+            "only_base_right": sum(b and not t for b, t in zip(base_correct, trained_correct, strict=True))}
+
+
 def summarize(records: list[dict], params: EvaluateParams) -> dict:
     correct = [r["correct"] for r in records]
     by_shape, by_count = defaultdict(list), defaultdict(list)
@@ -129,6 +168,18 @@ def difference(trained, base):
     if isinstance(trained, int | float) and not isinstance(trained, bool):
         return round(trained - base, 4)
     return None
+
+
+@torch.no_grad()
+def adapter_effect(model, processor, row) -> dict:
+    """Are base and trained different models? The largest |lora_B| (0 means the adapter never moved:
+    LoRA starts with B = 0) and the largest change it makes to the next-token logits on one image."""
+    lora_b = max((p.abs().max().item() for n, p in model.named_parameters() if "lora_B" in n), default=0.0)
+    inputs = batch_inputs(processor, [row], model.device)
+    trained = model(**inputs).logits[0, -1].float()
+    with model.disable_adapter():
+        untrained = model(**inputs).logits[0, -1].float()
+    return {"max_lora_b": lora_b, "max_logit_change": round((trained - untrained).abs().max().item(), 6)}
 
 
 def _mean(values) -> float:
@@ -161,10 +212,11 @@ def image_attention(model, processor, row, completion_ids: list[int]) -> tuple[f
     return float(on_image.sum()), grid
 
 
-def heatmap(image: Image.Image, grid: np.ndarray, title_height: int = 0) -> Image.Image:
-    """The image with the attention grid laid over it in red (brighter = more attention)."""
-    spread = grid.max() - grid.min()
-    scaled = (grid - grid.min()) / spread if spread > 0 else np.zeros_like(grid)
+def heatmap(image: Image.Image, grid: np.ndarray, low: float, high: float) -> Image.Image:
+    """The image with the attention grid laid over it in red, brighter = more attention, on the colour
+    scale [low, high]: base and trained get the same scale, so their panels compare."""
+    spread = high - low
+    scaled = np.clip((grid - low) / spread, 0, 1) if spread > 0 else np.zeros_like(grid)
     overlay = Image.fromarray((scaled * 255).astype(np.uint8)).resize(image.size, Image.Resampling.NEAREST)
     red = Image.new("RGB", image.size, (255, 0, 0))
     return Image.composite(red, image.convert("RGB"), overlay.point(lambda v: int(v * 0.6)))
@@ -205,7 +257,8 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
             for begin in range(0, len(rows), params.batch_size):
                 batch = [rows[i] for i in range(begin, min(begin + params.batch_size, len(rows)))]
                 with as_model(model, name):
-                    ids += generate(model, processor, batch, params)
+                    ids += generate(model, processor, batch, params.max_new_tokens, params.do_sample,
+                                    params.temperature)
                 if progress is not None:
                     progress.update(len(batch))
             texts = processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -218,9 +271,13 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
                          "samples_per_second": round(generated / seconds, 3),
                          "peak_vram_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)
                          if torch.cuda.is_available() else None}}
+    metrics["decoding"] = {"do_sample": params.do_sample, "temperature": params.temperature if params.do_sample
+                           else None, "max_new_tokens": params.max_new_tokens}
+    metrics["adapter"] = adapter_effect(model, processor, next(iter(splits.values()))[0])
     for split in splits:
-        untrained, trained = (summarize(records[(split, name)], params) for name in MODELS)
-        metrics[split] = {"base": untrained, "trained": trained, "trained_minus_base": difference(trained, untrained)}
+        base_records, trained_records = records[(split, "base")], records[(split, "trained")]
+        metrics[split] = {"base": summarize(base_records, params), "trained": summarize(trained_records, params),
+                          "trained_minus_base": gain(base_records, trained_records, params)}
 
     with_eager_attention(model)
     attention_dir = reports_dir / "attention"
@@ -229,16 +286,19 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
         for split, rows in splits.items():
             for i in range(min(params.attention_samples, len(rows))):
                 row = rows[i]
-                panels = [row["image"].convert("RGB")]
+                grids = {}
                 for name in MODELS:
                     with as_model(model, name):
-                        share, grid = image_attention(model, processor, row, completions_ids[(split, name)][i])
+                        share, grids[name] = image_attention(model, processor, row, completions_ids[(split, name)][i])
                     shares[split][name].append(share)
-                    panels.append(heatmap(row["image"], grid))
+                low, high = min(g.min() for g in grids.values()), max(g.max() for g in grids.values())
+                panels = [row["image"].convert("RGB"), *(heatmap(row["image"], grids[name], low, high)
+                                                         for name in MODELS)]
                 _side_by_side(panels).save(tmp / f"{row['id']}.png")
     for split in splits:
         for name in MODELS:
             metrics[split][name]["attention_on_image"] = _mean(shares[split][name]) if shares[split][name] else None
+            metrics[split][name]["attention_samples"] = len(shares[split][name])
         if shares[split]["base"]:
             metrics[split]["trained_minus_base"]["attention_on_image"] = round(
                 _mean(shares[split]["trained"]) - _mean(shares[split]["base"]), 4)
@@ -270,29 +330,28 @@ def write_plots(plots_dir: Path, records: dict[tuple[str, str], list[dict]]) -> 
     with atomic_dir(plots_dir) as tmp:
         ood_counts = {int(r["answer"]) for (split, _), rows in records.items() if split == "ood" for r in rows}
         by_count: dict[int, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
-        by_bin: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+        by_bin: dict[int, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
         for (_, name), rows in records.items():
             for r in rows:
                 by_count[int(r["answer"])][name].append(r["correct"])
-                by_bin[_bin_label(r["reasoning_tokens"])][name].append(r["correct"])
+                by_bin[bin_start(r["reasoning_tokens"])][name].append(r["correct"])
         _write_csv(tmp / "accuracy_by_count.csv", ["count", "range", *MODELS], [
             [count, "out of range" if count in ood_counts else "in range", *(_mean(by_count[count][m]) for m in MODELS)]
             for count in sorted(by_count)])
-        _write_csv(tmp / "accuracy_by_reasoning_length.csv", ["reasoning_tokens", *[f"{m}" for m in MODELS],
+        # x is the bin's lower edge, a number: DVC's linear template draws no point for a text x.
+        _write_csv(tmp / "accuracy_by_reasoning_length.csv", ["reasoning_tokens", *MODELS,
                                                              *[f"{m}_samples" for m in MODELS]], [
-            [label, *(_mean(by_bin[label][m]) for m in MODELS), *(len(by_bin[label][m]) for m in MODELS)]
-            for label in (_bin_label(edge) for edge in REASONING_BINS[:-1]) if label in by_bin])
+            [edge, *(_mean(by_bin[edge][m]) for m in MODELS), *(len(by_bin[edge][m]) for m in MODELS)]
+            for edge in REASONING_BINS[:-1] if edge in by_bin])
         for name in MODELS:
             _write_csv(tmp / f"confusion_{name}.csv", ["actual", "predicted"], [
                 [r["answer"], "none" if r["parsed"] is None else str(r["parsed"])]
                 for (_, model_name), rows in records.items() if model_name == name for r in rows])
 
 
-def _bin_label(tokens: int) -> str:
-    for low, high in zip(REASONING_BINS, REASONING_BINS[1:], strict=False):
-        if low <= tokens < high:
-            return f"{low:04d}-{high - 1}" if high < 10**9 else f"{low:04d}+"
-    return "unknown"
+def bin_start(tokens: int) -> int:
+    """The lower edge of the reasoning-length bin that `tokens` falls in."""
+    return max(edge for edge in REASONING_BINS[:-1] if edge <= tokens)
 
 
 def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:

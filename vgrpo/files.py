@@ -10,9 +10,10 @@ from pathlib import Path
 
 
 @contextmanager
-def atomic_dir(path: str | Path):
+def atomic_dir(path: str | Path, swap: bool = True):
     """Yield an empty temp dir beside `path`. When the block succeeds it replaces `path` (a rename);
-    when it fails it is deleted and `path` is left as it was."""
+    when it fails it is deleted and `path` is left as it was. With swap=False the block does the
+    replacing itself (`replace_dir`), e.g. to swap in two directories only once both are complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -23,7 +24,10 @@ def atomic_dir(path: str | Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    replace_dir(tmp, path)
+    if swap:
+        replace_dir(tmp, path)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)  # left over only if the block did not swap it in
 
 
 def replace_dir(new: Path, path: Path) -> None:
@@ -41,6 +45,15 @@ def write_json(path: str | Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a text file through a temp file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
     tmp.replace(path)
 
 

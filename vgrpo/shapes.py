@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from vgrpo.config import COLOURS, SHAPES, SPLITS, GenerateParams, VgrpoError
+from vgrpo.config import COLOURS, SHAPES, SPLITS, WARMUP, GenerateParams, VgrpoError
 from vgrpo.files import atomic_dir
 from vgrpo.prompts import conversation, question_for
 
@@ -147,7 +147,10 @@ def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Genera
 
 
 def split_sizes(params: GenerateParams) -> dict[str, int]:
-    return {split: getattr(params, f"{split}_size") for split in SPLITS}
+    """Images per split, in the order they are drawn (a split's random stream depends on its place, so
+    adding `warmup` last leaves the other splits' bytes as they were)."""
+    sizes = {split: getattr(params, f"{split}_size") for split in SPLITS}
+    return {**sizes, WARMUP: params.warmup_size} if params.warmup_size else sizes
 
 
 def generate_samples(params: GenerateParams, progress=None) -> dict[str, list[Sample]]:

@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from vgrpo import base, models
 from vgrpo.config import Config, ConfigError, TrainParams
+from vgrpo.curves import LiveCurves
 from vgrpo.devices import trainer_precision
 from vgrpo.files import atomic_dir, detach, replace_dir
 from vgrpo.prompts import hf_messages
@@ -103,23 +104,6 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
                                              self.vision_lr_scale)
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
-
-
-class LiveCurves(TrainerCallback):
-    """Per-step curves and a summary with DVCLive, keyed by the trainer's global step (so a resumed
-    run continues the same curves)."""
-
-    def __init__(self, live):
-        self.live = live
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        self.live.step = state.global_step
-        for key, value in logs.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                self.live.log_metric(f"train/{key}", value)
-        self.live.make_summary()
 
 
 def trim_curves(reports_dir: Path, last_step: int) -> None:

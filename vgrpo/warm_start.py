@@ -1,0 +1,154 @@
+"""The tiny model's warm start: supervised fine-tuning of the whole random tiny Qwen3-VL (TRL
+`SFTTrainer`) on the `warmup` split, so that GRPO starts from a model whose answers vary in
+quality. A random model emits no answer format at all, every completion gets the same reward, and
+GRPO has no advantage to learn from (the tiny profile made no update before this existed).
+
+The loss is on the answer tokens only, and the 151,936-token output layer is computed only there
+(TRL's default `chunked_nll`): an SFT step of the tiny model costs about linearly in answer tokens.
+The result is cached by its recipe (model, params, data, library versions), so a rerun with the
+same inputs copies it instead of training again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from vgrpo.config import WARMUP, BaseParams, ModelParams
+from vgrpo.files import atomic_dir, write_json
+from vgrpo.prompts import reference_answer
+from vgrpo.vendor import cache_dir
+
+RECIPE_VERSION = 1  # bump when the code below changes what a given recipe produces
+
+
+def sft_dataset(warmup):
+    """The `warmup` split as TRL's prompt-completion vision format: the image, the product's prompt
+    (a user turn), and the reference answer (an assistant turn)."""
+    def to_example(row):
+        answer = reference_answer(row["answer"], row["target_shape"], row["target_colour"])
+        return {"completion": [{"role": "assistant", "content": answer}]}
+
+    return warmup.map(to_example).select_columns(["image", "prompt", "completion"])
+
+
+def sft_config(params: BaseParams, output_dir: Path):
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(output_dir),
+        max_steps=params.sft_steps,
+        per_device_train_batch_size=params.batch_size,
+        learning_rate=params.learning_rate,
+        lr_scheduler_type=params.lr_scheduler_type,
+        warmup_steps=params.warmup_ratio,  # a float < 1 is a ratio of the total steps (transformers 5)
+        weight_decay=params.weight_decay,
+        max_grad_norm=params.max_grad_norm,
+        logging_steps=params.logging_steps,
+        seed=params.seed,
+        data_seed=params.seed,
+        max_length=None,  # never cut a prompt: its image tokens must match the image
+        completion_only_loss=True,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+    )
+
+
+def recipe_key(model: ModelParams, params: BaseParams, model_dir: Path, data_fingerprint: str) -> str:
+    """What determines the warm-started weights: the random model, the params, the data, the code."""
+    import transformers
+    import trl
+
+    weights = hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+    recipe = {"version": RECIPE_VERSION, "model": dataclasses.asdict(model), "base": dataclasses.asdict(params),
+              "weights": weights, "data": data_fingerprint, "torch": torch.__version__,
+              "transformers": transformers.__version__, "trl": trl.__version__}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_start(model_dir: Path, model: ModelParams, params: BaseParams, data_dir: Path, reports_dir: Path,
+               log=print) -> dict:
+    """Fine-tune the model in `model_dir` in place on the warmup split; write curves and held-out
+    accuracy to `reports_dir`. Returns the summary (also reports_dir/metrics.json)."""
+    from vgrpo.shapes import load_dataset
+
+    dataset = load_dataset(data_dir, splits=(WARMUP, "val"))
+    fingerprint = json.loads((Path(data_dir) / "stats.json").read_text())["fingerprint"]
+    cached = cache_dir() / f"warm-start-{recipe_key(model, params, model_dir, fingerprint)}"
+    if not (cached / "model" / "model.safetensors").is_file():
+        with atomic_dir(cached) as tmp:
+            train_and_measure(model_dir, model, params, dataset, tmp / "model", tmp / "reports", log)
+    else:
+        log(f"base: warm start found in the cache ({cached})")
+    for item in (cached / "model").iterdir():
+        shutil.copy2(item, model_dir / item.name)
+    with atomic_dir(reports_dir) as tmp:
+        shutil.copytree(cached / "reports", tmp, dirs_exist_ok=True)
+    return json.loads((reports_dir / "metrics.json").read_text())
+
+
+def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, dataset, out_dir: Path,
+                      reports_dir: Path, log) -> None:
+    from dvclive import Live
+    from transformers import AutoModelForImageTextToText
+    from trl import SFTTrainer
+
+    from vgrpo.curves import LiveCurves
+    from vgrpo.models import load_processor
+
+    torch.manual_seed(params.seed)
+    processor = load_processor(str(model_dir), model)
+    net = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32)
+    live = Live(str(reports_dir), dvcyaml=None, save_dvc_exp=False, report=None)
+    trainer = SFTTrainer(model=net, args=sft_config(params, out_dir / "trainer"), train_dataset=sft_dataset(
+        dataset[WARMUP]), processing_class=processor, callbacks=[LiveCurves(live, prefix="sft")])
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    net.eval()
+    held_out = greedy_accuracy(net, processor, dataset["val"], params.eval_samples)
+    shutil.rmtree(out_dir / "trainer", ignore_errors=True)
+    net.save_pretrained(out_dir, safe_serialization=True)
+    processor.save_pretrained(out_dir)
+    summary = {"sft_steps": params.sft_steps, "warmup_images": len(dataset[WARMUP]), "seconds": round(seconds, 1),
+               "seconds_per_step": round(seconds / max(1, params.sft_steps), 3),
+               "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
+               "val": held_out}
+    for key, value in summary.items():
+        live.summary[key] = value
+    live.make_summary()
+    live.end()
+    write_json(reports_dir / "metrics.json", summary)
+    log(f"base: warm start {params.sft_steps} steps in {seconds:.0f} s; val accuracy {held_out['accuracy']:.3f}, "
+        f"answer format {held_out['format_compliance']:.3f} ({held_out['samples']} images)")
+
+
+@torch.no_grad()
+def greedy_accuracy(net, processor, rows, samples: int, batch_size: int = 16) -> dict:
+    """Greedy answers to `samples` held-out images: accuracy and answer-format rate."""
+    from vgrpo.evaluation import generate
+    from vgrpo.prompts import parse_answer
+    from vgrpo.rewards import format_tags
+
+    rows = [rows[i] for i in range(min(samples, len(rows)))]
+    if not rows:
+        return {"samples": 0, "accuracy": None, "format_compliance": None}
+    texts = []
+    for begin in range(0, len(rows), batch_size):
+        ids = generate(net, processor, rows[begin:begin + batch_size], max_new_tokens=48)
+        texts += processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
+    correct = [parse_answer(t) == int(r["answer"]) for t, r in zip(texts, rows, strict=True)]
+    formatted = [f == 1.0 for f in format_tags(texts)]
+    return {"samples": len(rows), "accuracy": round(sum(correct) / len(rows), 4),
+            "format_compliance": round(sum(formatted) / len(rows), 4)}
