@@ -21,10 +21,16 @@ REPO = "Qwen/Qwen3-VL-Tiny-Test"
 
 
 def hub_params(tmp_path: Path, name: str = REPO, revision: str = "main") -> Path:
-    raw = tiny_params()
+    """The tiny profile with the model from the hub (no warm start: that is for the model built here)."""
+    return write_params(tmp_path / "params.yaml", hub_raw(name, revision))
+
+
+def hub_raw(name: str = REPO, revision: str = "main", **groups) -> dict:
+    raw = tiny_params(**groups)
     raw["profiles"]["tiny"]["model"]["name"] = name
+    raw["profiles"]["tiny"]["base"]["sft_steps"] = 0
     raw["model"]["revision"] = revision
-    return write_params(tmp_path / "params.yaml", raw)
+    return raw
 
 
 def run_base(params: Path, out: Path, env: dict) -> subprocess.CompletedProcess:
@@ -94,9 +100,7 @@ def test_train_records_the_resolved_commit(tiny_files, tiny_dataset, tmp_path):
         sha = hub.add_repo(REPO, tiny_files)
         env = hub.client_env(tmp_path / "hf")
         assert run_base(hub_params(tmp_path), tmp_path / "base", env).returncode == 0
-    raw = json.loads(json.dumps(tiny_params(train={"max_steps": 1, "save_steps": 1})))
-    raw["profiles"]["tiny"]["model"]["name"] = REPO
-    params = write_params(tmp_path / "train.yaml", raw)
+    params = write_params(tmp_path / "train.yaml", hub_raw(train={"max_steps": 1, "save_steps": 1}))
     result = subprocess.run([sys.executable, str(ROOT / "stages" / "train.py"), "--params", str(params), "--data",
                              str(tiny_dataset), "--base", str(tmp_path / "base"), "--adapter",
                              str(tmp_path / "adapter"), "--checkpoints", str(tmp_path / "ckpt"), "--reports",
@@ -221,8 +225,7 @@ def test_a_local_model_directory_is_recorded_not_copied(tiny_model_dir, tmp_path
     from vgrpo.base import base_model_path, prepare_base
     from vgrpo.config import config_from_dict
 
-    raw = tiny_params()
-    raw["profiles"]["tiny"]["model"]["name"] = str(tiny_model_dir)
+    raw = hub_raw(str(tiny_model_dir))
     source = prepare_base(config_from_dict(raw), tmp_path / "base", tmp_path / "no-data", tmp_path / "reports")
     assert source["kind"] == "local" and source["path"] == str(tiny_model_dir)
     assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["source.json"]

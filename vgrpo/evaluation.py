@@ -125,7 +125,7 @@ def mcnemar_p(base: list[bool], trained: list[bool]) -> float:
     base_only = sum(b and not t for b, t in zip(base, trained, strict=True))
     if trained_only + base_only == 0:
         return 1.0
-    return round(float(binomtest(trained_only, trained_only + base_only, 0.5).pvalue), 6)
+    return float(f"{binomtest(trained_only, trained_only + base_only, 0.5).pvalue:.4g}")  # 4 significant digits
 
 
 def gain(base_records: list[dict], trained_records: list[dict], params: EvaluateParams) -> dict:
