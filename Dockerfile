@@ -18,7 +18,7 @@ FROM nvidia/cuda:12.8.1-devel-ubuntu24.04
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Ubuntu 24.04's python3 is 3.12, inside pyproject's >=3.11,<3.13. git: DVC needs it at run time.
+# Ubuntu 24.04's python3 is 3.12, inside pyproject's >=3.11,<3.14. git: DVC needs it at run time.
 # DL3008: Ubuntu's archive keeps only the newest build of each package, so an exact version pin
 # breaks the build at the next security update; the base tag already fixes the release (noble).
 # safe.directory: the mounted clone may belong to a uid other than the container's user, and git

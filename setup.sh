@@ -18,7 +18,8 @@
 #   none; it is a ctypes binding, so no Python headers. As root with apt-get, missing compilers
 #   mean `apt-get install build-essential`; otherwise it stops and names that package.
 # - As root with apt-get, for the default venv: openssh-server (the SSH-remote test's sshd).
-# The compile prints a line every SETUP_HEARTBEAT_S seconds (30) with ninja's build step.
+# The compile and the install print a line every SETUP_HEARTBEAT_S seconds (30), the compile with
+# ninja's build step.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -161,19 +162,22 @@ fi
 # llama-cpp-python alone first (--no-deps: the project install below brings its pinned deps), -v so
 # that the log shows the compile's steps. Seconds instead of minutes when pip cached an earlier build.
 if [ -n "$compile_llama" ]; then
-    echo "setup: compiling llama-cpp-python $llama_version from source (6-8 minutes on 2 cores)..."
+    echo "setup: compiling llama-cpp-python $llama_version from source (6-8 minutes on 2 cores; seconds if pip cached a build)..."
     run_logged "compiling llama-cpp-python" "$tmp/llama-build.log" \
         "$venv/bin/python" -m pip install -v --no-deps "llama-cpp-python==$llama_version"
 fi
 
 echo "setup: installing the pinned dependencies into $venv${extras:+ (extras: $extras)}"
-"$venv/bin/python" -m pip install --quiet -e ".[dev${extras:+,$extras}]"
+run_logged "installing the pinned dependencies" "$tmp/install.log" \
+    "$venv/bin/python" -m pip install --quiet -e ".[dev${extras:+,$extras}]"
 
 # llama.cpp's converter + gguf-py + vocab files, from the sdist of the installed llama-cpp-python.
 # VERSION names the sdist and what we take from it; bump the suffix when that list changes.
+# --no-binary names the package: pip prepares the sdist's metadata, and with :all: the CMake and
+# Ninja that scikit-build-core asks for (on a machine without them) would be built from source.
 llama_files_version="${llama_version}+files2"
 if [ "$(cat "$venv/llama.cpp/VERSION" 2>/dev/null)" != "$llama_files_version" ]; then
-    "$venv/bin/python" -m pip download --quiet --no-deps --no-binary :all: \
+    "$venv/bin/python" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
         "llama-cpp-python==${llama_version}" -d "$tmp"
     echo "${llama_sdist_sha256}  $tmp/llama_cpp_python-${llama_version}.tar.gz" | sha256sum --check --quiet
     src="llama_cpp_python-${llama_version}/vendor/llama.cpp"

@@ -217,23 +217,29 @@ def test_the_compile_reports_progress_and_its_log_on_failure(machine):
     result = machine.run(prereqs_only=False, SETUP_HEARTBEAT_S="1")
     lines = output(result)
     assert result.returncode == 1, lines
-    assert result.stdout.startswith(f"setup: compiling llama-cpp-python {LLAMA} from source (6-8 minutes on 2 cores)")
+    assert result.stdout.startswith(f"setup: compiling llama-cpp-python {LLAMA} from source (6-8 minutes on 2 cores;")
     beats = [line for line in lines if line.startswith("setup: still compiling llama-cpp-python: ")]
     assert beats and any(line.endswith(" s, build step 7/10") for line in beats), lines
     assert "ninja: build stopped: subcommand failed." in result.stderr  # the log's tail
     assert re.search(r"setup: compiling llama-cpp-python failed after \d+ s", result.stderr)
 
 
-def test_a_compiled_llama_cpp_comes_before_the_project_install(machine):
+def test_llama_cpp_compiles_alone_then_the_project_installs_then_the_sdist_comes(machine):
     calls = machine.tmp / "pip.log"
     fake_python(machine.venv / "bin" / "python", "3.12",
-                pip=f'echo "$*" >> {calls}; case "$*" in *" -e "*) exit 3 ;; esac')
+                pip=f'echo "$*" >> {calls}; case "$*" in *" download "*) exit 4 ;; esac')
     machine.compilers()
     result = machine.run(prereqs_only=False, SETUP_HEARTBEAT_S="1")
-    assert result.returncode == 3, output(result)
+    assert result.returncode == 4, output(result)
     assert re.search(r"^setup: done compiling llama-cpp-python in \d+ s$", result.stdout, re.MULTILINE)
-    assert calls.read_text().splitlines() == [f"-m pip install -v --no-deps llama-cpp-python=={LLAMA}",
-                                              "-m pip install --quiet -e .[dev]"]
+    assert re.search(r"^setup: done installing the pinned dependencies in \d+ s$", result.stdout, re.MULTILINE)
+    download = calls.read_text().splitlines()[2]
+    assert calls.read_text().splitlines()[:2] == [f"-m pip install -v --no-deps llama-cpp-python=={LLAMA}",
+                                                  "-m pip install --quiet -e .[dev]"]
+    # Only llama-cpp-python as an sdist: with --no-binary :all:, preparing its metadata on a machine
+    # without CMake would build PyPI's cmake from source, which needs make (seen on Python 3.13).
+    assert download.startswith("-m pip download --quiet --no-deps --no-binary llama-cpp-python ")
+    assert f"llama-cpp-python=={LLAMA}" in download and ":all:" not in download
 
 
 def test_readme_names_the_supported_versions():
