@@ -156,3 +156,58 @@ def test_ten_thousand_images_zero_label_errors():
     errors = sum(shapes.count_shapes(decode(s), params) != s.counts for rows in samples.values() for s in rows)
     assert sum(len(rows) for rows in samples.values()) == 10_000
     assert errors == 0
+
+
+# --- The grid layout (the cpu profile) and the warm-up split -------------------------------------
+
+def grid(**changes):
+    return small(layout="grid", image_size=128, min_shape_size=24, max_shape_size=24, min_gap=2, other_min_count=0,
+                 other_max_count=3, **changes)
+
+
+def test_grid_puts_each_shape_alone_in_its_own_32px_cell():
+    params = grid()
+    for rows in shapes.generate_samples(params).values():
+        for sample in rows[:10]:
+            pixels = decode(sample)
+            assert shapes.count_shapes(pixels, params) == sample.counts
+            painted = (pixels != 255).any(axis=-1)
+            for row, column in itertools.product(range(4), range(4)):
+                cell = painted[row * 32:(row + 1) * 32, column * 32:(column + 1) * 32]
+                assert not cell[:2].any() and not cell[-2:].any() and not cell[:, :2].any() and not cell[:, -2:].any()
+            assert sum(painted[r * 32:(r + 1) * 32, c * 32:(c + 1) * 32].any()
+                       for r, c in itertools.product(range(4), range(4))) == sum(sample.counts.values())
+
+
+def test_other_shapes_have_their_own_count_range():
+    for split, rows in shapes.generate_samples(grid()).items():
+        for s in rows:
+            assert all(0 <= s.counts[k] <= 3 for k in SHAPES if k != s.target_shape)
+            assert (6 <= s.counts[s.target_shape] <= 8) if split == "ood" else (1 <= s.counts[s.target_shape] <= 5)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"image_size": 120}, "generate.image_size: layout grid needs a multiple of 32 px"),
+    ({"max_shape_size": 30}, "generate.max_shape_size: layout grid puts each shape in a 32 px cell"),
+    ({"other_max_count": 5}, "generate.other_max_count: layout grid has 16 cells at 128 px, but an image may need 18"),
+])
+def test_grid_limits_are_params_errors(changes, message):
+    from vgrpo.config import ConfigError
+
+    raw = load_params()
+    raw["generate"].update(layout="grid", image_size=128, min_shape_size=24, max_shape_size=24, min_gap=2,
+                           other_min_count=0, other_max_count=3, min_count=1, max_count=5)
+    raw["generate"].update(changes)
+    with pytest.raises(ConfigError, match=f"^params.yaml: {message}"):
+        config_from_dict(raw)
+
+
+def test_warmup_split_is_disjoint_and_leaves_the_other_splits_as_they_were():
+    without = shapes.generate_samples(small())
+    with_warmup = shapes.generate_samples(small(warmup_size=30))
+    assert list(with_warmup) == ["train", "val", "test", "ood", "warmup"] and len(with_warmup["warmup"]) == 30
+    for split in without:  # adding the warm-up split changes no byte of the others
+        assert [s.image_png for s in without[split]] == [s.image_png for s in with_warmup[split]]
+    others = {s.image_png for split in without for s in with_warmup[split]}
+    assert not others & {s.image_png for s in with_warmup["warmup"]}
+    assert all(1 <= s.counts[s.target_shape] <= 5 for s in with_warmup["warmup"])

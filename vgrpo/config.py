@@ -35,6 +35,7 @@ def knob(*, ge: float | None = None, gt: float | None = None, le: float | None =
 
 SHAPES = ("triangles", "circles", "squares")
 SPLITS = ("train", "val", "test", "ood")
+GRID_CELL = 32  # px: Qwen3-VL's patch 16 x spatial merge 2, the image area of one merged image token
 WARMUP = "warmup"  # the tiny model's supervised warm start (base stage); disjoint from SPLITS
 COLOURS = {
     "red": (220, 30, 30),
@@ -84,8 +85,11 @@ class GenerateParams:
     test_size: int = knob(ge=1)
     ood_size: int = knob(ge=1)
     warmup_size: int = knob(ge=0)  # the `warmup` split for the tiny model's warm start (0: none)
-    min_count: int = knob(ge=1)  # every shape, in-distribution splits
+    layout: Literal["scatter", "grid"]  # grid: each shape centred in its own 32 px cell (one merged image token)
+    min_count: int = knob(ge=1)  # the asked shape, in-distribution splits
     max_count: int = knob(ge=1)
+    other_min_count: int = knob(ge=0)  # the two shapes not asked about, every split
+    other_max_count: int = knob(ge=0)
     ood_min_count: int = knob(ge=1)  # the asked shape in `ood`
     ood_max_count: int = knob(ge=1)
     min_shape_size: int = knob(ge=6)  # bounding-box side in pixels
@@ -107,6 +111,9 @@ class BaseParams:
     logging_steps: int = knob(ge=1)
     seed: int = knob(ge=0)
     eval_samples: int = knob(ge=0)  # val images answered greedily after the warm start (reports/base)
+    sampled_negatives: int = knob(ge=0)  # 0: softmax over the whole vocabulary; k: over the answers' tokens + k sampled
+    freeze_embeddings: bool  # keep the (tied) token embeddings, and so the output layer, as built
+    output_norm_init: float = knob(ge=0)  # the decoder's final RMSNorm weight before the warm start; 0: as built
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,8 @@ class TrainParams:
     save_steps: int = knob(ge=1)
     max_grad_norm: float = knob(gt=0)
     logging_steps: int = knob(ge=1)
+    eval_steps: int = knob(ge=0)  # greedy held-out (val) accuracy every N steps, a curve next to the rewards; 0: off
+    eval_samples: int = knob(ge=1)  # val images in that measure
     seed: int = knob(ge=0)
     resume: bool
     num_processes: int = knob(ge=1)
@@ -372,6 +381,21 @@ def _check_relations(config: Config, source: str) -> None:
              f"{g.max_shape_size})")
     if g.max_shape_size + 2 * g.min_gap > g.image_size:
         fail("generate.max_shape_size", f"does not fit in a {g.image_size}px image")
+    if g.other_min_count > g.other_max_count:
+        fail("generate.other_min_count", f"must be <= generate.other_max_count ({g.other_min_count} > "
+             f"{g.other_max_count})")
+    if g.layout == "grid":
+        cells = (g.image_size // GRID_CELL) ** 2
+        if g.image_size % GRID_CELL:
+            fail("generate.image_size", f"layout grid needs a multiple of {GRID_CELL} px (one merged image token per "
+                 f"cell), got {g.image_size}")
+        if g.max_shape_size + 2 * g.min_gap > GRID_CELL:
+            fail("generate.max_shape_size", f"layout grid puts each shape in a {GRID_CELL} px cell with "
+                 f"generate.min_gap around it: at most {GRID_CELL - 2 * g.min_gap} px, got {g.max_shape_size}")
+        most = max(g.max_count, g.ood_max_count) + 2 * g.other_max_count
+        if most > cells:
+            fail("generate.other_max_count", f"layout grid has {cells} cells at {g.image_size} px, but an image may "
+                 f"need {most} (asked up to {max(g.max_count, g.ood_max_count)} + 2 x {g.other_max_count})")
     colours = dataclasses.asdict(g.colours)
     if len(set(colours.values())) < len(colours):
         fail("generate.colours", f"each shape needs its own colour, got {colours} (the label check counts "

@@ -2,7 +2,8 @@
 
 Every image is white with red triangles, blue circles and green squares (colours from params).
 Shapes are placed in boxes that keep `min_gap` pixels from each other and from the border, so they
-never overlap or touch; shapes shrink when an image is crowded. Every label is then re-derived by an
+never overlap or touch; shapes shrink when an image is crowded. The `grid` layout (the CPU
+profile's simplification) centres each shape in its own 32 px cell instead. Every label is then re-derived by an
 independent counter (8-connected regions per fill colour) and an image whose count differs is an
 error, never a wrong label. The same params give the same bytes.
 """
@@ -20,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from vgrpo.config import COLOURS, SHAPES, SPLITS, WARMUP, GenerateParams, VgrpoError
+from vgrpo.config import COLOURS, GRID_CELL, SHAPES, SPLITS, WARMUP, GenerateParams, VgrpoError
 from vgrpo.files import atomic_dir
 from vgrpo.prompts import conversation, question_for
 
@@ -50,6 +51,8 @@ def place_boxes(counts: dict[str, int], params: GenerateParams, rng: np.random.G
     Sizes start in [min_shape_size, max_shape_size] and shrink when a layout does not fit.
     """
     order = [shape for shape in SHAPES for _ in range(counts[shape])]
+    if params.layout == "grid":
+        return place_on_grid(order, params, rng)
     largest = params.max_shape_size
     while largest >= params.min_shape_size:
         sides = rng.integers(params.min_shape_size, largest + 1, size=len(order))
@@ -61,6 +64,20 @@ def place_boxes(counts: dict[str, int], params: GenerateParams, rng: np.random.G
         f"cannot place {dict(counts)} shapes of >= {params.min_shape_size}px with {params.min_gap}px gaps in a "
         f"{params.image_size}px image: lower generate.min_shape_size or the counts"
     )
+
+
+def place_on_grid(order: list[str], params: GenerateParams, rng: np.random.Generator):
+    """Each shape centred in its own cell of the 32 px grid that Qwen3-VL's merged image tokens cover, in
+    random distinct cells: one image token sees one whole shape or none."""
+    side = params.image_size // GRID_CELL
+    cells = rng.choice(side * side, size=len(order), replace=False)
+    sizes = rng.integers(params.min_shape_size, params.max_shape_size + 1, size=len(order))
+    boxes = []
+    for shape, cell, size in zip(order, cells, sizes, strict=True):
+        row, column = divmod(int(cell), side)
+        margin = (GRID_CELL - int(size)) // 2
+        boxes.append((shape, column * GRID_CELL + margin, row * GRID_CELL + margin, int(size)))
+    return boxes
 
 
 def _try_place(order, sides, params: GenerateParams, rng: np.random.Generator):
@@ -140,7 +157,7 @@ def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Genera
     while len(plan) < n:
         for i in rng.permutation(len(combos)):
             shape, count = combos[i]
-            counts = {s: int(rng.integers(params.min_count, params.max_count + 1)) for s in SHAPES}
+            counts = {s: int(rng.integers(params.other_min_count, params.other_max_count + 1)) for s in SHAPES}
             counts[shape] = count
             plan.append((counts, shape))
     return plan[:n]

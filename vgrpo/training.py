@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
@@ -104,6 +104,35 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
                                              self.vision_lr_scale)
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
+
+
+class HeldOutAccuracy(TrainerCallback):
+    """Greedy accuracy on held-out (val) images before the first step and every `every` steps, logged
+    as the `eval/accuracy` curve beside the rewards: does what GRPO rewards carry over to new images?"""
+
+    def __init__(self, live, processor, rows, every: int, samples: int, max_new_tokens: int):
+        self.live, self.processor, self.rows = live, processor, rows
+        self.every, self.samples, self.max_new_tokens = every, samples, max_new_tokens
+        self.history: list[tuple[int, float]] = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.measure(state.global_step, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every == 0:
+            self.measure(state.global_step, model)
+
+    def measure(self, step: int, model) -> None:
+        from vgrpo.evaluation import greedy_accuracy
+
+        training = model.training
+        model.eval()
+        result = greedy_accuracy(model, self.processor, self.rows, self.samples, self.max_new_tokens)
+        model.train(training)
+        self.history.append((step, result["accuracy"]))
+        self.live.step = step
+        self.live.log_metric("eval/accuracy", result["accuracy"])
+        self.live.log_metric("eval/format_compliance", result["format_compliance"])
 
 
 def trim_curves(reports_dir: Path, last_step: int) -> None:
@@ -235,6 +264,10 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
             trim_curves(reports_dir, int(Path(resume_from).name.split("-")[-1]))
         live = Live(str(reports_dir), resume=bool(resume_from), dvcyaml=None, save_dvc_exp=False, report=None)
         callbacks.append(LiveCurves(live))
+        if train.eval_steps and args.world_size == 1:  # several ranks would have to generate in step
+            val = load_dataset(data_dir, splits=("val",))["val"]
+            callbacks.append(HeldOutAccuracy(live, processor, val, train.eval_steps, train.eval_samples,
+                                             train.max_completion_length))
     trainer = build_trainer(config, model, processor, dataset, reward_funcs, reward_weights, callbacks=callbacks,
                             args=args)
     start = time.perf_counter()
@@ -263,6 +296,8 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
         "trainable_parameters": trainable,
         "prompt_tokens": prompt_tokens,
         "final_reward": history[-1]["reward"] if history else None,
+        "val_accuracy": {f"step_{step}": accuracy for callback in callbacks if isinstance(callback, HeldOutAccuracy)
+                         for step, accuracy in callback.history} or None,
         "adapter_changed": change > 0,
         "adapter_max_lora_b": change,
         "zero_spread_steps": round(sum(f == 1.0 for f in zero_spread) / len(zero_spread), 4) if zero_spread else None,

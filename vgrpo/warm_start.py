@@ -19,20 +19,22 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from trl import SFTTrainer
 
-from vgrpo.config import WARMUP, BaseParams, ModelParams
+from vgrpo.config import SHAPES, WARMUP, BaseParams, ModelParams
 from vgrpo.files import atomic_dir, write_json
 from vgrpo.prompts import reference_answer
 from vgrpo.vendor import cache_dir
 
-RECIPE_VERSION = 1  # bump when the code below changes what a given recipe produces
+RECIPE_VERSION = 2  # bump when the code below changes what a given recipe produces
 
 
-def sft_dataset(warmup):
+def sft_dataset(warmup, colours: dict[str, str]):
     """The `warmup` split as TRL's prompt-completion vision format: the image, the product's prompt
     (a user turn), and the reference answer (an assistant turn)."""
     def to_example(row):
-        answer = reference_answer(row["answer"], row["target_shape"], row["target_colour"])
+        answer = reference_answer(row["counts"], colours, row["target_shape"])
         return {"completion": [{"role": "assistant", "content": answer}]}
 
     return warmup.map(to_example).select_columns(["image", "prompt", "completion"])
@@ -65,6 +67,43 @@ def sft_config(params: BaseParams, output_dir: Path):
     )
 
 
+class SampledSoftmaxSFTTrainer(SFTTrainer):
+    """SFTTrainer whose loss normalises over the answers' own tokens plus `negatives` tokens drawn
+    uniformly from the rest of the vocabulary at every step (sampled softmax, Jean et al. 2015), with
+    the log-Q correction: each sampled token stands for (V - |answer tokens|) / k tokens, so its logit
+    gets log of that added and the loss estimates the full softmax. On a CPU the 151,936-way output
+    layer is most of a tiny model's step; this makes it about free."""
+
+    def __init__(self, *args, answer_token_ids=(), negatives: int = 1024, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.answer_ids = torch.tensor(sorted(set(answer_token_ids)), dtype=torch.long)
+        self.negatives = negatives
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        hidden = model.model(**inputs, use_cache=False).last_hidden_state[:, :-1]
+        targets = labels[:, 1:]
+        scored = targets != -100
+        hidden, targets = hidden[scored], targets[scored]
+        weight = model.get_output_embeddings().weight
+        answer_ids = self.answer_ids.to(targets.device)
+        sampled = torch.randint(0, weight.shape[0], (self.negatives,), device=targets.device)
+        vocabulary = torch.unique(torch.cat([answer_ids, sampled]))  # sorted
+        logits = hidden @ weight[vocabulary].t()
+        others = ~torch.isin(vocabulary, answer_ids)
+        logits = logits + others * torch.log((weight.shape[0] - len(answer_ids)) / others.sum().clamp(min=1))
+        return F.cross_entropy(logits, torch.searchsorted(vocabulary, targets))
+
+
+def answer_token_ids(tokenizer, answers) -> set[int]:
+    """Every token the reference answers use, and the end of the assistant turn."""
+    ids = set()
+    for text in [*answers, "<|im_end|>", "\n"]:
+        ids.update(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids
+
+
 def recipe_key(model: ModelParams, params: BaseParams, model_dir: Path, data_fingerprint: str) -> str:
     """What determines the warm-started weights: the random model, the params, the data, the code."""
     import transformers
@@ -84,11 +123,12 @@ def warm_start(model_dir: Path, model: ModelParams, params: BaseParams, data_dir
     from vgrpo.shapes import load_dataset
 
     dataset = load_dataset(data_dir, splits=(WARMUP, "val"))
-    fingerprint = json.loads((Path(data_dir) / "stats.json").read_text())["fingerprint"]
-    cached = cache_dir() / f"warm-start-{recipe_key(model, params, model_dir, fingerprint)}"
+    stats = json.loads((Path(data_dir) / "stats.json").read_text())
+    colours = {shape: stats["params"]["colours"][shape] for shape in SHAPES}
+    cached = cache_dir() / f"warm-start-{recipe_key(model, params, model_dir, stats['fingerprint'])}"
     if not (cached / "model" / "model.safetensors").is_file():
         with atomic_dir(cached) as tmp:
-            train_and_measure(model_dir, model, params, dataset, tmp / "model", tmp / "reports", log)
+            train_and_measure(model_dir, model, params, dataset, colours, tmp / "model", tmp / "reports", log)
     else:
         log(f"base: warm start found in the cache ({cached})")
     for item in (cached / "model").iterdir():
@@ -98,21 +138,32 @@ def warm_start(model_dir: Path, model: ModelParams, params: BaseParams, data_dir
     return json.loads((reports_dir / "metrics.json").read_text())
 
 
-def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, dataset, out_dir: Path,
-                      reports_dir: Path, log) -> None:
+def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, dataset, colours: dict,
+                      out_dir: Path, reports_dir: Path, log) -> None:
     from dvclive import Live
     from transformers import AutoModelForImageTextToText
-    from trl import SFTTrainer
 
     from vgrpo.curves import LiveCurves
+    from vgrpo.evaluation import greedy_accuracy
     from vgrpo.models import load_processor
 
     torch.manual_seed(params.seed)
     processor = load_processor(str(model_dir), model)
     net = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32)
+    if params.output_norm_init:  # a larger final norm lets frozen, random embeddings give confident logits
+        net.model.language_model.norm.weight.data.fill_(params.output_norm_init)
+    if params.freeze_embeddings:
+        net.get_input_embeddings().weight.requires_grad_(False)
     live = Live(str(reports_dir), dvcyaml=None, save_dvc_exp=False, report=None)
-    trainer = SFTTrainer(model=net, args=sft_config(params, out_dir / "trainer"), train_dataset=sft_dataset(
-        dataset[WARMUP]), processing_class=processor, callbacks=[LiveCurves(live, prefix="sft")])
+    train_dataset = sft_dataset(dataset[WARMUP], colours)
+    common = dict(model=net, args=sft_config(params, out_dir / "trainer"), train_dataset=train_dataset,
+                  processing_class=processor, callbacks=[LiveCurves(live, prefix="sft")])
+    if params.sampled_negatives:
+        answers = [turn[0]["content"] for turn in train_dataset["completion"]]
+        trainer = SampledSoftmaxSFTTrainer(**common, negatives=params.sampled_negatives,
+                                           answer_token_ids=answer_token_ids(processor.tokenizer, answers))
+    else:
+        trainer = SFTTrainer(**common)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -132,23 +183,3 @@ def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, d
     write_json(reports_dir / "metrics.json", summary)
     log(f"base: warm start {params.sft_steps} steps in {seconds:.0f} s; val accuracy {held_out['accuracy']:.3f}, "
         f"answer format {held_out['format_compliance']:.3f} ({held_out['samples']} images)")
-
-
-@torch.no_grad()
-def greedy_accuracy(net, processor, rows, samples: int, batch_size: int = 16) -> dict:
-    """Greedy answers to `samples` held-out images: accuracy and answer-format rate."""
-    from vgrpo.evaluation import generate
-    from vgrpo.prompts import parse_answer
-    from vgrpo.rewards import format_tags
-
-    rows = [rows[i] for i in range(min(samples, len(rows)))]
-    if not rows:
-        return {"samples": 0, "accuracy": None, "format_compliance": None}
-    texts = []
-    for begin in range(0, len(rows), batch_size):
-        ids = generate(net, processor, rows[begin:begin + batch_size], max_new_tokens=48)
-        texts += processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
-    correct = [parse_answer(t) == int(r["answer"]) for t, r in zip(texts, rows, strict=True)]
-    formatted = [f == 1.0 for f in format_tags(texts)]
-    return {"samples": len(rows), "accuracy": round(sum(correct) / len(rows), 4),
-            "format_compliance": round(sum(formatted) / len(rows), 4)}

@@ -1,0 +1,166 @@
+"""The CPU run that learns to count: `dvc exp run -S profile=cpu` in a fresh clone of the pipeline,
+then the figures the README's CPU section reports, and the picture of its curves.
+
+    .venv/bin/python bench/cpu_run.py                          # a temp clone, removed afterwards
+    .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # keep the clone (bench/sft_control.py reads it)
+    .venv/bin/python bench/cpu_run.py --picture docs/cpu_run.png
+
+Prints minutes per stage (from when DVC starts each), the warm start's held-out accuracy, base vs
+trained on test with the paired bootstrap interval and McNemar's p, accuracy per count, the OOD
+split, the GRPO reward and held-out accuracy curves, and each GGUF file's counting accuracy in
+llama.cpp. The picture is `dvc plots show`'s own Vega-Lite specs for the reward and accuracy curves,
+drawn to PNG with vl-convert.
+"""
+
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore", "data/.gitignore"]
+STAGES = ("generate", "base", "train", "evaluate", "export", "smoke", "card")
+
+
+def environment(repo: Path) -> dict:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(repo)}
+
+
+def sh(command: list[str], cwd: Path) -> str:
+    result = subprocess.run(command, cwd=cwd, env=environment(cwd), capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout[-3000:]}"
+                         f"\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def make_clone(repo: Path) -> None:
+    """The pipeline's files in a new git + DVC repo with one commit, as a fresh clone has them."""
+    repo.mkdir(parents=True)
+    sh(["git", "init", "-q"], repo)
+    sh(["dvc", "init", "-q"], repo)
+    for rel in FILES:
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if (ROOT / rel).is_dir() else shutil.copy2)(ROOT / rel, repo / rel)
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "bench"], repo)
+
+
+def timed_run(repo: Path) -> tuple[dict[str, float], float, str]:
+    """`dvc exp run -S profile=cpu`, timing each stage from the moment DVC announces it."""
+    process = subprocess.Popen(["dvc", "exp", "run", "-S", "profile=cpu"], cwd=repo, env=environment(repo),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    start = time.perf_counter()
+    marks, log = [], []
+    for line in process.stdout:
+        log.append(line)
+        found = re.match(r"Running stage '(\w+)'", line)
+        if found:
+            marks.append((found.group(1), time.perf_counter()))
+            print(f"  {time.perf_counter() - start:7.0f} s  {found.group(1)}", flush=True)
+    if process.wait():
+        raise SystemExit("".join(log[-60:]))
+    end = time.perf_counter()
+    seconds = {name: (marks[i + 1][1] if i + 1 < len(marks) else end) - at for i, (name, at) in enumerate(marks)}
+    return seconds, end - start, "".join(log)
+
+
+def read(repo: Path, path: str) -> dict:
+    return json.loads((repo / path).read_text())
+
+
+def curve(repo: Path, relative: str, field: str) -> list[tuple[int, float]]:
+    path = repo / relative
+    if not path.exists():
+        return []
+    rows = [line.split("\t") for line in path.read_text().splitlines()]
+    header = rows[0]
+    return [(int(row[header.index("step")]), float(row[header.index(field)])) for row in rows[1:]]
+
+
+def report(repo: Path, seconds: dict[str, float], total: float) -> None:
+    base = read(repo, "reports/base/metrics.json")
+    train = read(repo, "reports/train/metrics.json")
+    evaluation = read(repo, "reports/eval/metrics.json")
+    smoke = read(repo, "reports/smoke/metrics.json")
+    print(f"\nwall time, dvc exp run -S profile=cpu: {total / 60:.1f} min; peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GB")
+    for name in STAGES:
+        print(f"  {name:<9} {seconds.get(name, 0) / 60:5.1f} min")
+    val = base["val"]
+    print(f"warm start: {base['sft_steps']} SFT steps in {base['seconds'] / 60:.1f} min; val accuracy "
+          f"{val['accuracy']:.3f} ({val['samples']} images), format {val['format_compliance']:.3f}")
+    print(f"GRPO: {train['steps']} steps in {train['seconds'] / 60:.1f} min ({train['seconds_per_step']} s/step), "
+          f"adapter changed: {train['adapter_changed']}, steps with zero reward spread: {train['zero_spread_steps']}")
+    rewards = curve(repo, "reports/train/plots/metrics/train/rewards/correctness_tags/mean.tsv", "mean")
+    if rewards:
+        tenth = max(1, len(rewards) // 10)
+        first, last = (sum(v for _, v in part) / len(part) for part in (rewards[:tenth], rewards[-tenth:]))
+        print(f"  correctness reward, mean of the first / last {tenth} steps: {first:.3f} -> {last:.3f}")
+    accuracy = curve(repo, "reports/train/plots/metrics/eval/accuracy.tsv", "accuracy")
+    if accuracy:
+        print("  val accuracy along GRPO: " + ", ".join(f"step {s}: {a:.3f}" for s, a in accuracy))
+    for split in ("val", "test", "ood"):
+        m = evaluation[split]
+        gain = m["trained_minus_base"]
+        low, high = gain["accuracy_ci95"]
+        print(f"{split:>5}: base {m['base']['accuracy']:.3f} -> trained {m['trained']['accuracy']:.3f} "
+              f"({gain['accuracy']:+.3f}, paired 95% CI [{low:+.3f}, {high:+.3f}], McNemar p {gain['mcnemar_p']:.3g}, "
+              f"n {m['base']['samples']})")
+        counts = m["trained"]["accuracy_by_count"]
+        print("       by count, base -> trained: " + ", ".join(
+            f"{c}: {m['base']['accuracy_by_count'][c]:.2f}->{counts[c]:.2f}" for c in counts))
+    files = ", ".join(f"{name} {m['accuracy']:.3f}" for name, m in smoke["files"].items())
+    print(f"smoke ({smoke['num_images']} test images): merged model {smoke['hf']['accuracy']:.3f}; {files}; "
+          f"gate passed: {smoke['gate']['passed']}")
+
+
+def picture(repo: Path, out: Path) -> None:
+    """The GRPO reward and held-out accuracy curves, as `dvc plots show` draws them, side by side."""
+    import vl_convert
+
+    shown = json.loads(sh(["dvc", "plots", "show", "--json"], repo))["data"]
+    wanted = ["reports/train/plots/metrics/train/rewards/correctness_tags/mean.tsv",
+              "reports/train/plots/metrics/eval/accuracy.tsv", "reports/base/plots/metrics/sft/loss.tsv"]
+    specs = []
+    for name in wanted:
+        if name in shown:
+            spec = dict(shown[name][0]["content"])
+            spec.pop("$schema", None)
+            spec["title"] = {"reports/train/plots/metrics/train/rewards/correctness_tags/mean.tsv":
+                             "GRPO: correctness reward (mean per step)",
+                             "reports/train/plots/metrics/eval/accuracy.tsv": "GRPO: held-out accuracy (greedy)",
+                             "reports/base/plots/metrics/sft/loss.tsv": "Warm start: SFT loss"}[name]
+            specs.append(spec)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(vl_convert.vegalite_to_png({"hconcat": specs}, scale=1.5))
+    print(f"picture: {out}")
+
+
+@click.command()
+@click.option("--keep", "keep", type=click.Path(path_type=Path), help="Clone here and keep it.")
+@click.option("--picture", "picture_path", type=click.Path(path_type=Path), help="Write the curves here (PNG).")
+def main(keep: Path | None, picture_path: Path | None) -> None:
+    tmp = None if keep else Path(tempfile.mkdtemp(prefix="vgrpo-cpu-"))
+    repo = keep or tmp / "repo"
+    make_clone(repo)
+    seconds, total, log = timed_run(repo)
+    (repo / "exp-run.log").write_text(log)
+    report(repo, seconds, total)
+    if picture_path:
+        picture(repo, picture_path)
+    if tmp:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()

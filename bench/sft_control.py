@@ -1,0 +1,93 @@
+"""The honest control for the CPU run: instead of GRPO, continue the warm start's supervised
+fine-tuning for the same wall time that GRPO took, then answer the same test images greedily.
+If more SFT does as well as GRPO, the GRPO gain is just more training.
+
+    .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run     # first: a cpu run to compare with
+    .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run
+
+Uses the run's own warm-started base (models/base), params (the `base` group's SFT recipe, on
+the run's `train` split, whose images GRPO trained on), the GRPO wall time from
+reports/train/metrics.json, and the test images evaluate used (the first evaluate.max_samples.test).
+"""
+
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import torch
+from transformers import AutoModelForImageTextToText, TrainerCallback
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vgrpo import warm_start  # noqa: E402
+from vgrpo.config import SHAPES, load_config  # noqa: E402
+from vgrpo.evaluation import greedy_accuracy  # noqa: E402
+from vgrpo.models import load_processor  # noqa: E402
+from vgrpo.shapes import load_dataset  # noqa: E402
+
+
+class StopAfter(TrainerCallback):
+    """Stop training once `seconds` of training have passed."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.start = seconds, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.perf_counter() - self.start >= self.seconds:
+            control.should_training_stop = True
+
+
+@click.command()
+@click.option("--repo", type=click.Path(path_type=Path, exists=True), required=True,
+              help="A repo where `dvc exp run -S profile=cpu` ran (bench/cpu_run.py --keep).")
+def main(repo: Path) -> None:
+    torch.set_num_threads(torch.get_num_threads())
+    config = load_config(repo / "params.yaml")
+    train_metrics = json.loads((repo / "reports/train/metrics.json").read_text())
+    evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())
+    budget = train_metrics["seconds"]
+    stats = json.loads((repo / "data/shapes/stats.json").read_text())
+    colours = {shape: stats["params"]["colours"][shape] for shape in SHAPES}
+    dataset = load_dataset(repo / "data/shapes", splits=("train", "test"))
+    test = dataset["test"].select(range(min(config.evaluate.max_samples["test"], len(dataset["test"]))))
+
+    processor = load_processor(str(repo / "models/base"), config.model)
+    net = AutoModelForImageTextToText.from_pretrained(str(repo / "models/base"), dtype=torch.float32)
+    if config.base.freeze_embeddings:
+        net.get_input_embeddings().weight.requires_grad_(False)
+    params = dataclasses.replace(config.base, sft_steps=100_000, lr_scheduler_type="constant", warmup_ratio=0.0)
+    train_dataset = warm_start.sft_dataset(dataset["train"], colours)
+    with tempfile.TemporaryDirectory() as tmp:
+        common = dict(model=net, args=warm_start.sft_config(params, Path(tmp)), train_dataset=train_dataset,
+                      processing_class=processor, callbacks=[StopAfter(budget)])
+        if params.sampled_negatives:
+            answers = [turn[0]["content"] for turn in train_dataset["completion"]]
+            trainer = warm_start.SampledSoftmaxSFTTrainer(
+                **common, negatives=params.sampled_negatives,
+                answer_token_ids=warm_start.answer_token_ids(processor.tokenizer, answers))
+        else:
+            trainer = warm_start.SFTTrainer(**common)
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+        shutil.rmtree(tmp, ignore_errors=True)
+    net.eval()
+    control = greedy_accuracy(net, processor, test, len(test), config.evaluate.max_new_tokens)
+    grpo = evaluation["test"]
+    print(f"budget: GRPO's {budget / 60:.1f} min; SFT continued {trainer.state.global_step} steps in "
+          f"{seconds / 60:.1f} min (lr {params.learning_rate:g}, constant, batch {params.batch_size})")
+    print(f"test accuracy ({len(test)} images, greedy): warm start {grpo['base']['accuracy']:.3f}, "
+          f"+ GRPO {grpo['trained']['accuracy']:.3f}, + more SFT {control['accuracy']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
