@@ -211,3 +211,17 @@ def test_warmup_split_is_disjoint_and_leaves_the_other_splits_as_they_were():
     others = {s.image_png for split in without for s in with_warmup[split]}
     assert not others & {s.image_png for s in with_warmup["warmup"]}
     assert all(1 <= s.counts[s.target_shape] <= 5 for s in with_warmup["warmup"])
+
+
+def test_a_small_grid_with_few_distinct_images_still_fills_every_split():
+    """An image of one square has 16 distinct renderings on a 4x4 grid: when they are used up, the other
+    shapes' counts are drawn again (the asked shape and its count stay) rather than failing. The cpu
+    profile's 4,184 images need this."""
+    params = dataclasses.replace(grid(min_count=1, max_count=1, warmup_size=300), other_max_count=1)
+    samples = shapes.generate_samples(params)
+    images = [s.image_png for rows in samples.values() for s in rows]
+    assert len(images) == len(set(images)) == 45 + 15 + 15 + 18 + 300
+    for split, rows in samples.items():
+        if split != "ood":
+            assert all(s.counts[s.target_shape] == 1 for s in rows)
+        assert Counter(s.target_shape for s in rows).most_common()[-1][1] >= len(rows) // 3 - 1  # still balanced

@@ -171,18 +171,22 @@ def split_sizes(params: GenerateParams) -> dict[str, int]:
 
 
 def generate_samples(params: GenerateParams, progress=None) -> dict[str, list[Sample]]:
-    """All splits. No image appears twice, across or within splits (a repeat is redrawn)."""
+    """All splits. No image appears twice, across or within splits (a repeat is redrawn; when the asked
+    counts have no new image left, the other shapes' counts are drawn again)."""
     seen_images: set[bytes] = set()
     out: dict[str, list[Sample]] = {}
     for split_index, (split, n) in enumerate(split_sizes(params).items()):
         rng = np.random.default_rng([params.seed, split_index])
         samples = []
         for counts, shape in split_plan(split, n, params, rng):
-            for _ in range(100):
+            for attempt in range(1, 201):
                 sample = make_sample(counts, shape, params, rng)
                 digest = hashlib.sha256(sample.image_png).digest()
                 if digest not in seen_images:
                     break
+                if attempt % 50 == 0:  # every image of these counts is taken (a small grid has few): new other counts
+                    counts = {**{s: int(rng.integers(params.other_min_count, params.other_max_count + 1))
+                                 for s in SHAPES}, shape: counts[shape]}
             else:
                 raise LayoutError(f"{split}: could not draw a new image for {counts}")
             seen_images.add(digest)
