@@ -141,8 +141,20 @@ def picture(repo: Path, out: Path) -> None:
                              "reports/train/plots/metrics/eval/accuracy.tsv": "GRPO: held-out accuracy (greedy)",
                              "reports/base/plots/metrics/sft/loss.tsv": "Warm start: SFT loss"}[name]
             specs.append(spec)
+    # One PNG per spec, pasted side by side: DVC's templates declare their own `smooth` signal, which
+    # Vega-Lite only accepts at the top level of a spec (not inside an hconcat).
+    from io import BytesIO
+
+    from PIL import Image
+
+    panels = [Image.open(BytesIO(vl_convert.vegalite_to_png(spec, scale=1.5))).convert("RGB") for spec in specs]
+    sheet = Image.new("RGB", (sum(p.width for p in panels), max(p.height for p in panels)), "white")
+    x = 0
+    for panel in panels:
+        sheet.paste(panel, (x, 0))
+        x += panel.width
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(vl_convert.vegalite_to_png({"hconcat": specs}, scale=1.5))
+    sheet.save(out)
     print(f"picture: {out}")
 
 
