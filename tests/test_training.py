@@ -28,7 +28,8 @@ def test_grpo_config_carries_every_recipe_knob(profile, tmp_path):
     args = grpo_config(train, tmp_path, "float32", cuda=False)
     same_name = ["learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "lr_scheduler_type",
                  "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
-                 "max_completion_length", "temperature", "top_p", "beta", "loss_type", "importance_sampling_level",
+                 "max_completion_length", "temperature", "top_p", "top_k", "beta", "loss_type",
+                 "importance_sampling_level",
                  "scale_rewards", "num_train_epochs", "max_steps", "save_steps", "max_grad_norm", "logging_steps",
                  "seed", "vllm_server_base_url", "vllm_server_timeout"]
     for name in same_name:

@@ -145,6 +145,7 @@ class TrainParams:
     max_completion_length: int = knob(ge=1)
     temperature: float = knob(gt=0)
     top_p: float = knob(gt=0, le=1)
+    top_k: int = knob(ge=0)  # rollouts sample from the k likeliest tokens; 0: all of them (TRL's default)
     beta: float = knob(ge=0)  # KL coefficient
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"]
     scale_rewards: Literal["group", "batch", "none"]  # divide advantages by the reward std of the group/batch, or not

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 # What defines the loss. Unsloth's GRPOConfig rewrites some of these (scale_rewards "group" -> "none"
 # under dr_grpo), so they are set again after the config is built: both backends optimise one objective.
 OBJECTIVE = ("loss_type", "scale_rewards", "beta", "importance_sampling_level", "num_generations", "temperature",
-             "top_p", "max_completion_length", "max_grad_norm")
+             "top_p", "top_k", "max_completion_length", "max_grad_norm")
 
 
 def grpo_config(train: TrainParams, output_dir: str | Path, dtype: str, cuda: bool) -> GRPOConfig:
@@ -56,6 +56,7 @@ def grpo_config(train: TrainParams, output_dir: str | Path, dtype: str, cuda: bo
         max_completion_length=train.max_completion_length,
         temperature=train.temperature,
         top_p=train.top_p,
+        top_k=train.top_k,
         beta=train.beta,
         loss_type=train.loss_type,
         scale_rewards=train.scale_rewards,
