@@ -24,7 +24,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Torch's OpenMP threads spin while waiting: with another job on one of the 2 cores, a 2-thread step runs
-# up to 10x slower. Passive waiting costs nothing measurable when the cores are free.
+# up to 10x slower (measured), and the suite runs stages in subprocesses beside its own process.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
