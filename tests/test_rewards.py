@@ -30,7 +30,7 @@ def scores(text, **columns) -> dict[str, float]:
 
 def test_seed_free_text_answer():
     assert scores(FREE_TEXT) == {"correctness_tags": 0.0, "format_tags": -2.0, "correctness_free": 1.0,
-                                 "description": 0.5, "reasoning": 0.2}
+                                 "description": 0.5, "reasoning": 0.2, "counts_described": 0.0}
     free_text_rewards = ("correctness_free", "description", "reasoning")
     assert sum(score(name, FREE_TEXT) for name in free_text_rewards) == pytest.approx(1.7)
 
@@ -132,6 +132,21 @@ def test_missing_columns_score_zero():
         assert rewards == {"format_tags": [1.0, -2.0], "reasoning": [0.0, 0.2]}.get(name, [0.0, 0.0])
 
 
+ROW_COUNTS = {"triangles": 2, "circles": 3, "squares": 0}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<REASONING>2 red triangles, 3 blue circles, 0 green squares</REASONING><SOLUTION>3</SOLUTION>", 1.0),
+    ("<REASONING>2 red triangles, 4 blue circles, 0 green squares</REASONING><SOLUTION>3</SOLUTION>", 2 / 3),
+    ("<REASONING>3 circles</REASONING><SOLUTION>3</SOLUTION>", 1 / 3),
+    ("<REASONING>I see circles.</REASONING><SOLUTION>3 circles, 2 triangles</SOLUTION>", 0.0),  # not the reasoning
+    ("<REASONING>12 red triangles</REASONING>", 0.0),
+    ("", 0.0),
+])
+def test_counts_described(text, expected):
+    assert score("counts_described", text, counts=ROW_COUNTS) == pytest.approx(expected)
+
+
 def test_registry_matches_config():
     assert tuple(REWARDS) == REWARD_NAMES
     assert all(reward.__name__ == name for name, reward in REWARDS.items())  # TRL logs rewards/<__name__>
@@ -148,7 +163,7 @@ def test_unknown_reward_is_a_config_error():
     with pytest.raises(ConfigError) as error:
         reward_functions({"correctness_tags": 1.0, "vibes": 1.0})
     assert str(error.value) == ("train.rewards.vibes: unknown reward (expected one of correctness_tags, format_tags, "
-                                "correctness_free, description, reasoning)")
+                                "correctness_free, description, reasoning, counts_described)")
 
 
 # Built once: huge strings drawn by hypothesis itself would be slow and hit its size limits.
@@ -177,6 +192,8 @@ answers = st.one_of(junk, st.text(max_size=12), st.sampled_from(["", "3", " 3\n"
 shapes = st.one_of(junk, st.text(max_size=12), st.lists(st.text(max_size=3), max_size=2),
                    st.sampled_from(["triangles", "circles", "squares", "hexagons", "", "CIRCLES"]))
 colours = st.one_of(junk, st.text(max_size=8), st.sampled_from(["red", "purple", "", " ", "(", "light blue"]))
+counts = st.one_of(junk, st.dictionaries(st.sampled_from(["triangles", "circles", "squares", "x"]),
+                                         st.one_of(junk, st.integers(-2, 10), st.text(max_size=3)), max_size=4))
 
 
 @st.composite
@@ -184,7 +201,8 @@ def batches(draw):
     """Completions plus columns that are usually the right length, sometimes short, odd or missing."""
     batch = draw(st.lists(completions, max_size=4))
     columns = {}
-    for name, values in (("answer", answers), ("target_shape", shapes), ("target_colour", colours)):
+    for name, values in (("answer", answers), ("target_shape", shapes), ("target_colour", colours),
+                         ("counts", counts)):
         size = draw(st.one_of(st.just(len(batch)), st.integers(0, 5)))
         column = draw(st.one_of(st.lists(values, min_size=size, max_size=size), junk, st.just("missing")))
         if column != "missing":

@@ -1,7 +1,7 @@
 """Reward functions for GRPO, selectable by name in `params.yaml` (`train.rewards: {name: weight}`).
 
 Each takes TRL's `completions` (strings, or conversational lists of messages) plus the dataset's
-columns as keyword lists (`answer`, `target_shape`, `target_colour`; the rest are ignored) and
+columns as keyword lists (`answer`, `target_shape`, `target_colour`, `counts`; the rest are ignored) and
 returns one float per completion. A reward never raises: odd completions or column values score
 as a wrong answer would.
 
@@ -135,12 +135,35 @@ def reasoning(completions, **kwargs) -> list[float]:
     return [0.2 if _REASONING_PHRASE.search(_text(completion)) else 0.0 for completion in completions]
 
 
+def _stated_count(reasoning: str, shape: str) -> int | None:
+    """The number written just before a shape's name (optionally with a colour word between), if one is."""
+    words = "|".join(SHAPE_WORDS[shape][:2])
+    found = re.search(rf"(?<!\d)(\d{{1,9}})\s+(?:[a-z]+\s+)?(?:{words})(?!\w)", reasoning, re.IGNORECASE)
+    return int(found.group(1)) if found else None
+
+
+def counts_described(completions, **kwargs) -> list[float]:
+    """+1/3 for each shape whose true count the reasoning states ("2 red triangles"), else 0.0."""
+    n = len(completions)
+    rewards = []
+    for completion, counts in zip(completions, _column(kwargs, "counts", n), strict=True):
+        text = _text(completion)
+        reasoning_part = text.split(SOLUTION_START)[0]
+        if not isinstance(counts, dict):
+            rewards.append(0.0)
+            continue
+        right = sum(_stated_count(reasoning_part, shape) == _integer(counts.get(shape)) for shape in SHAPE_WORDS)
+        rewards.append(right / len(SHAPE_WORDS))
+    return rewards
+
+
 REWARDS: dict[str, Reward] = {
     "correctness_tags": correctness_tags,
     "format_tags": format_tags,
     "correctness_free": correctness_free,
     "description": description,
     "reasoning": reasoning,
+    "counts_described": counts_described,
 }
 
 
