@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import copy_repo, run, stage
+from conftest import copy_repo, load_params, run, stage
 
 from vgrpo import card
 
@@ -36,7 +36,8 @@ def test_card_states_what_evaluate_and_smoke_measured(tiny_pipeline):
     assert f"greedy, {smoke['num_images']} test images)" in text and "Gate: passed." in text
     assert "Evaluation (transformers, greedy," in text  # evaluate decoded greedily
     assert "red triangles, blue circles, green squares in 256x256 images" in text
-    assert "warm-started by 60 supervised steps" in text
+    steps = load_params()["profiles"]["tiny"]["base"]["sft_steps"]
+    assert f"warm-started by {steps} supervised steps" in text
 
 
 def test_mtmd_cli_puts_the_image_before_the_text(tiny_pipeline):
