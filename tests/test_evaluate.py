@@ -25,7 +25,7 @@ def record(answer, parsed, shape="circles", tokens=10, fmt=-2.0, description=0.0
     return {"answer": str(answer), "parsed": parsed, "correct": parsed == answer, "target_shape": shape,
             "reasoning_tokens": tokens, "rewards": {"correctness_tags": 0.0, "format_tags": fmt,
                                                     "correctness_free": 0.0, "description": description,
-                                                    "reasoning": 0.0}}
+                                                    "reasoning": 0.0, "counts_described": 0.0}}
 
 
 def test_summary_numbers():

@@ -95,7 +95,8 @@ def reasoning_text(completion: str) -> str:
 
 def score(rows, completions: list[str], tokenizer) -> list[dict]:
     """One record per sample: parsed answer, correctness, every reward, reasoning length."""
-    columns = {key: [row[key] for row in rows] for key in ("answer", "target_shape", "target_colour")}
+    columns = {key: [row[key] for row in rows] for key in ("answer", "target_shape", "target_colour", "counts")
+               if not rows or key in rows[0]}
     rewards = {name: fn(completions, **columns) for name, fn in REWARDS.items()}
     records = []
     for i, (row, completion) in enumerate(zip(rows, completions, strict=True)):
