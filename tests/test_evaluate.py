@@ -169,7 +169,7 @@ def test_metrics_predictions_plots_and_heatmaps(tiny_pipeline):
     for key in ("id", "split", "model", "question", "answer", "completion", "parsed", "correct", "rewards"):
         assert key in lines[0]
     assert set(lines[0]["rewards"]) == {"correctness_tags", "format_tags", "correctness_free", "description",
-                                        "reasoning"}
+                                        "reasoning", "counts_described"}
     base = {(r["split"], r["id"]): r["question"] for r in lines if r["model"] == "base"}
     trained = {(r["split"], r["id"]): r["question"] for r in lines if r["model"] == "trained"}
     assert base == trained  # same samples, same questions
