@@ -13,46 +13,18 @@ drawn to PNG with vl-convert.
 """
 
 import json
-import os
 import re
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import click
+from pipeline import environment, make_clone  # bench/pipeline.py: the same throwaway clone
 
-ROOT = Path(__file__).resolve().parents[1]
-FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore", "data/.gitignore"]
 STAGES = ("generate", "base", "train", "evaluate", "export", "smoke", "card")
-
-
-def environment(repo: Path) -> dict:
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(repo)}
-
-
-def sh(command: list[str], cwd: Path) -> str:
-    result = subprocess.run(command, cwd=cwd, env=environment(cwd), capture_output=True, text=True)
-    if result.returncode:
-        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout[-3000:]}"
-                         f"\n{result.stderr[-3000:]}")
-    return result.stdout
-
-
-def make_clone(repo: Path) -> None:
-    """The pipeline's files in a new git + DVC repo with one commit, as a fresh clone has them."""
-    repo.mkdir(parents=True)
-    sh(["git", "init", "-q"], repo)
-    sh(["dvc", "init", "-q"], repo)
-    for rel in FILES:
-        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if (ROOT / rel).is_dir() else shutil.copy2)(ROOT / rel, repo / rel)
-    sh(["git", "add", "-A"], repo)
-    sh(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "bench"], repo)
 
 
 def timed_run(repo: Path) -> tuple[dict[str, float], float, str]:
@@ -128,18 +100,20 @@ def picture(repo: Path, out: Path) -> None:
     """The GRPO reward and held-out accuracy curves, as `dvc plots show` draws them, side by side."""
     import vl_convert
 
-    shown = json.loads(sh(["dvc", "plots", "show", "--json"], repo))["data"]
-    wanted = ["reports/train/plots/metrics/train/rewards/correctness_tags/mean.tsv",
-              "reports/train/plots/metrics/eval/accuracy.tsv", "reports/base/plots/metrics/sft/loss.tsv"]
+    shown = json.loads(subprocess.run(["dvc", "plots", "show", "--json"], cwd=repo, env=environment(repo), check=True,
+                                      capture_output=True, text=True).stdout)["data"]
+    grpo = "reports/train/plots/metrics"
+    titles = {  # plot file -> panel title, left to right
+        f"{grpo}/train/rewards/correctness_tags/mean.tsv": "GRPO: correctness reward (mean per step)",
+        f"{grpo}/eval/accuracy.tsv": "GRPO: held-out accuracy (greedy)",
+        "reports/base/plots/metrics/sft/loss.tsv": "Warm start: SFT loss",
+    }
     specs = []
-    for name in wanted:
+    for name, title in titles.items():
         if name in shown:
             spec = dict(shown[name][0]["content"])
             spec.pop("$schema", None)
-            spec["title"] = {"reports/train/plots/metrics/train/rewards/correctness_tags/mean.tsv":
-                             "GRPO: correctness reward (mean per step)",
-                             "reports/train/plots/metrics/eval/accuracy.tsv": "GRPO: held-out accuracy (greedy)",
-                             "reports/base/plots/metrics/sft/loss.tsv": "Warm start: SFT loss"}[name]
+            spec["title"] = title
             specs.append(spec)
     # One PNG per spec, pasted side by side: DVC's templates declare their own `smooth` signal, which
     # Vega-Lite only accepts at the top level of a spec (not inside an hconcat).

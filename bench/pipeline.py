@@ -23,11 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore", "data/.gitignore"]
 
 
+def environment(repo: Path) -> dict:
+    """The venv on PATH and the clone's own vgrpo first on PYTHONPATH."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(repo)}
+
+
 def sh(command: list[str], cwd: Path) -> str:
-    """Run with the venv on PATH and the clone's own vgrpo first on PYTHONPATH; stdout + stderr."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(cwd)}
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    """Run in `cwd` with its `environment`; stdout + stderr, or exit with both when it fails."""
+    result = subprocess.run(command, cwd=cwd, env=environment(cwd), capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout[-3000:]}"
                          f"\n{result.stderr[-3000:]}")

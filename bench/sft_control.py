@@ -12,24 +12,23 @@ reports/train/metrics.json, and the test images evaluate used (the first evaluat
 
 import dataclasses
 import json
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import click
-import torch
-from transformers import AutoModelForImageTextToText, TrainerCallback
+from transformers import TrainerCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vgrpo import warm_start  # noqa: E402
-from vgrpo.config import SHAPES, load_config  # noqa: E402
+from vgrpo.base import base_model_path  # noqa: E402
+from vgrpo.config import load_config  # noqa: E402
 from vgrpo.evaluation import greedy_accuracy  # noqa: E402
-from vgrpo.models import load_processor  # noqa: E402
-from vgrpo.shapes import load_dataset  # noqa: E402
+from vgrpo.models import load_model, load_processor  # noqa: E402
+from vgrpo.shapes import dataset_colours, load_dataset  # noqa: E402
 
 
 class StopAfter(TrainerCallback):
@@ -50,36 +49,25 @@ class StopAfter(TrainerCallback):
 @click.option("--repo", type=click.Path(path_type=Path, exists=True), required=True,
               help="A repo where `dvc exp run -S profile=cpu` ran (bench/cpu_run.py --keep).")
 def main(repo: Path) -> None:
-    torch.set_num_threads(torch.get_num_threads())
     config = load_config(repo / "params.yaml")
-    train_metrics = json.loads((repo / "reports/train/metrics.json").read_text())
+    budget = json.loads((repo / "reports/train/metrics.json").read_text())["seconds"]
     evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())
-    budget = train_metrics["seconds"]
-    stats = json.loads((repo / "data/shapes/stats.json").read_text())
-    colours = {shape: stats["params"]["colours"][shape] for shape in SHAPES}
     dataset = load_dataset(repo / "data/shapes", splits=("train", "test"))
     test = dataset["test"].select(range(min(config.evaluate.max_samples["test"], len(dataset["test"]))))
 
-    processor = load_processor(str(repo / "models/base"), config.model)
-    net = AutoModelForImageTextToText.from_pretrained(str(repo / "models/base"), dtype=torch.float32)
+    path = base_model_path(repo / "models/base")
+    processor = load_processor(path, config.model)
+    net = load_model(path, "float32")
     if config.base.freeze_embeddings:
         net.get_input_embeddings().weight.requires_grad_(False)
     params = dataclasses.replace(config.base, sft_steps=100_000, lr_scheduler_type="constant", warmup_ratio=0.0)
-    train_dataset = warm_start.sft_dataset(dataset["train"], colours)
+    train_dataset = warm_start.sft_dataset(dataset["train"], dataset_colours(repo / "data/shapes"))
     with tempfile.TemporaryDirectory() as tmp:
-        common = dict(model=net, args=warm_start.sft_config(params, Path(tmp)), train_dataset=train_dataset,
-                      processing_class=processor, callbacks=[StopAfter(budget)])
-        if params.sampled_negatives:
-            answers = [turn[0]["content"] for turn in train_dataset["completion"]]
-            trainer = warm_start.SampledSoftmaxSFTTrainer(
-                **common, negatives=params.sampled_negatives,
-                answer_token_ids=warm_start.answer_token_ids(processor.tokenizer, answers))
-        else:
-            trainer = warm_start.SFTTrainer(**common)
+        trainer = warm_start.sft_trainer(net, processor, params, train_dataset, Path(tmp),
+                                         callbacks=[StopAfter(budget)])
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
-        shutil.rmtree(tmp, ignore_errors=True)
     net.eval()
     control = greedy_accuracy(net, processor, test, len(test), config.evaluate.max_new_tokens)
     grpo = evaluation["test"]

@@ -145,6 +145,13 @@ def make_sample(counts: dict[str, int], target_shape: str, params: GenerateParam
     return Sample(png, dict(counts), target_shape)
 
 
+def with_other_counts(shape: str, count: int, params: GenerateParams, rng: np.random.Generator) -> dict[str, int]:
+    """`count` of the asked shape, and a random count in the other shapes' range for each of the others."""
+    counts = {s: int(rng.integers(params.other_min_count, params.other_max_count + 1)) for s in SHAPES}
+    counts[shape] = count
+    return counts
+
+
 def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Generator):
     """(counts, target shape) per sample. Asked shape and its count cycle through every combination
     (shuffled each cycle), so questions are balanced across shapes and counts."""
@@ -157,9 +164,7 @@ def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Genera
     while len(plan) < n:
         for i in rng.permutation(len(combos)):
             shape, count = combos[i]
-            counts = {s: int(rng.integers(params.other_min_count, params.other_max_count + 1)) for s in SHAPES}
-            counts[shape] = count
-            plan.append((counts, shape))
+            plan.append((with_other_counts(shape, count, params, rng), shape))
     return plan[:n]
 
 
@@ -185,8 +190,7 @@ def generate_samples(params: GenerateParams, progress=None) -> dict[str, list[Sa
                 if digest not in seen_images:
                     break
                 if attempt % 50 == 0:  # every image of these counts is taken (a small grid has few): new other counts
-                    counts = {**{s: int(rng.integers(params.other_min_count, params.other_max_count + 1))
-                                 for s in SHAPES}, shape: counts[shape]}
+                    counts = with_other_counts(shape, counts[shape], params, rng)
             else:
                 raise LayoutError(f"{split}: could not draw a new image for {counts}")
             seen_images.add(digest)
@@ -317,3 +321,9 @@ def load_dataset(path: str | Path, splits=SPLITS):
         if lacking:
             raise VgrpoError(f"{path}: split {split!r} lacks column {sorted(lacking)[0]!r}")
     return dataset
+
+
+def dataset_colours(path: str | Path) -> dict[str, str]:
+    """Each shape's colour in the dataset at `path`, as generated (its stats.json)."""
+    stats = json.loads((Path(path) / "stats.json").read_text())
+    return {shape: stats["params"]["colours"][shape] for shape in SHAPES}

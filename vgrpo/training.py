@@ -24,6 +24,7 @@ from vgrpo import base, models
 from vgrpo.config import Config, ConfigError, TrainParams
 from vgrpo.curves import LiveCurves
 from vgrpo.devices import trainer_precision
+from vgrpo.evaluation import greedy_accuracy
 from vgrpo.files import atomic_dir, detach, replace_dir
 from vgrpo.prompts import hf_messages
 from vgrpo.rewards import reward_functions
@@ -124,8 +125,6 @@ class HeldOutAccuracy(TrainerCallback):
             self.measure(state.global_step, model)
 
     def measure(self, step: int, model) -> None:
-        from vgrpo.evaluation import greedy_accuracy
-
         training = model.training
         model.eval()
         result = greedy_accuracy(model, self.processor, self.rows, self.samples, self.max_new_tokens)
@@ -241,7 +240,8 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
     args = grpo_config(train, checkpoints_dir, dtype, cuda)
     main_process = args.process_index == 0
     source = base.read_source(base_dir)
-    dataset = load_dataset(data_dir, splits=("train",))["train"]
+    splits = load_dataset(data_dir, splits=("train", "val"))
+    dataset = splits["train"]
     reward_funcs, reward_weights = reward_functions(train.rewards)
 
     resume_from = get_last_checkpoint(str(checkpoints_dir)) if train.resume and checkpoints_dir.is_dir() else None
@@ -259,16 +259,16 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
     trainable = models.trainable_summary(model)
     logger.info("backend=%s trainable LoRA parameters: %s; prompt tokens <= %d", backend, trainable, prompt_tokens)
 
-    callbacks = []
+    callbacks, held_out = [], None
     if main_process:
         if resume_from and reports_dir.is_dir():
             trim_curves(reports_dir, int(Path(resume_from).name.split("-")[-1]))
         live = Live(str(reports_dir), resume=bool(resume_from), dvcyaml=None, save_dvc_exp=False, report=None)
         callbacks.append(LiveCurves(live))
         if train.eval_steps and args.world_size == 1:  # several ranks would have to generate in step
-            val = load_dataset(data_dir, splits=("val",))["val"]
-            callbacks.append(HeldOutAccuracy(live, processor, val, train.eval_steps, train.eval_samples,
-                                             train.max_completion_length))
+            held_out = HeldOutAccuracy(live, processor, splits["val"], train.eval_steps, train.eval_samples,
+                                       train.max_completion_length)
+            callbacks.append(held_out)
     trainer = build_trainer(config, model, processor, dataset, reward_funcs, reward_weights, callbacks=callbacks,
                             args=args)
     start = time.perf_counter()
@@ -297,8 +297,7 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
         "trainable_parameters": trainable,
         "prompt_tokens": prompt_tokens,
         "final_reward": history[-1]["reward"] if history else None,
-        "val_accuracy": {f"step_{step}": accuracy for callback in callbacks if isinstance(callback, HeldOutAccuracy)
-                         for step, accuracy in callback.history} or None,
+        "val_accuracy": {f"step_{step}": accuracy for step, accuracy in held_out.history} if held_out else None,
         "adapter_changed": change > 0,
         "adapter_max_lora_b": change,
         "zero_spread_steps": round(sum(f == 1.0 for f in zero_spread) / len(zero_spread), 4) if zero_spread else None,

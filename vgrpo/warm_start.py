@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from trl import SFTTrainer
 
-from vgrpo.config import SHAPES, WARMUP, BaseParams, ModelParams
+from vgrpo.config import WARMUP, BaseParams, ModelParams
 from vgrpo.files import atomic_dir, write_json
 from vgrpo.prompts import reference_answer
 from vgrpo.vendor import cache_dir
@@ -104,6 +104,18 @@ def answer_token_ids(tokenizer, answers) -> set[int]:
     return ids
 
 
+def sft_trainer(net, processor, params: BaseParams, train_dataset, output_dir: Path, callbacks=()) -> SFTTrainer:
+    """TRL's SFTTrainer for `net` on `train_dataset` (from `sft_dataset`), with the sampled-softmax loss
+    when `params.sampled_negatives` > 0."""
+    common = dict(model=net, args=sft_config(params, output_dir), train_dataset=train_dataset,
+                  processing_class=processor, callbacks=list(callbacks))
+    if not params.sampled_negatives:
+        return SFTTrainer(**common)
+    answers = [turn[0]["content"] for turn in train_dataset["completion"]]
+    return SampledSoftmaxSFTTrainer(**common, negatives=params.sampled_negatives,
+                                    answer_token_ids=answer_token_ids(processor.tokenizer, answers))
+
+
 def recipe_key(model: ModelParams, params: BaseParams, model_dir: Path, data_fingerprint: str) -> str:
     """What determines the warm-started weights: the random model, the params, the data, the code."""
     import transformers
@@ -120,12 +132,12 @@ def warm_start(model_dir: Path, model: ModelParams, params: BaseParams, data_dir
                log=print) -> dict:
     """Fine-tune the model in `model_dir` in place on the warmup split; write curves and held-out
     accuracy to `reports_dir`. Returns the summary (also reports_dir/metrics.json)."""
-    from vgrpo.shapes import load_dataset
+    from vgrpo.shapes import dataset_colours, load_dataset
 
     dataset = load_dataset(data_dir, splits=(WARMUP, "val"))
-    stats = json.loads((Path(data_dir) / "stats.json").read_text())
-    colours = {shape: stats["params"]["colours"][shape] for shape in SHAPES}
-    cached = cache_dir() / f"warm-start-{recipe_key(model, params, model_dir, stats['fingerprint'])}"
+    colours = dataset_colours(data_dir)
+    fingerprint = json.loads((Path(data_dir) / "stats.json").read_text())["fingerprint"]
+    cached = cache_dir() / f"warm-start-{recipe_key(model, params, model_dir, fingerprint)}"
     if not (cached / "model" / "model.safetensors").is_file():
         with atomic_dir(cached) as tmp:
             train_and_measure(model_dir, model, params, dataset, colours, tmp / "model", tmp / "reports", log)
@@ -141,29 +153,21 @@ def warm_start(model_dir: Path, model: ModelParams, params: BaseParams, data_dir
 def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, dataset, colours: dict,
                       out_dir: Path, reports_dir: Path, log) -> None:
     from dvclive import Live
-    from transformers import AutoModelForImageTextToText
 
     from vgrpo.curves import LiveCurves
     from vgrpo.evaluation import greedy_accuracy
-    from vgrpo.models import load_processor
+    from vgrpo.models import load_model, load_processor
 
     torch.manual_seed(params.seed)
     processor = load_processor(str(model_dir), model)
-    net = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32)
+    net = load_model(str(model_dir), "float32")
     if params.output_norm_init:  # a larger final norm lets frozen, random embeddings give confident logits
         net.model.language_model.norm.weight.data.fill_(params.output_norm_init)
     if params.freeze_embeddings:
         net.get_input_embeddings().weight.requires_grad_(False)
     live = Live(str(reports_dir), dvcyaml=None, save_dvc_exp=False, report=None)
-    train_dataset = sft_dataset(dataset[WARMUP], colours)
-    common = dict(model=net, args=sft_config(params, out_dir / "trainer"), train_dataset=train_dataset,
-                  processing_class=processor, callbacks=[LiveCurves(live, prefix="sft")])
-    if params.sampled_negatives:
-        answers = [turn[0]["content"] for turn in train_dataset["completion"]]
-        trainer = SampledSoftmaxSFTTrainer(**common, negatives=params.sampled_negatives,
-                                           answer_token_ids=answer_token_ids(processor.tokenizer, answers))
-    else:
-        trainer = SFTTrainer(**common)
+    trainer = sft_trainer(net, processor, params, sft_dataset(dataset[WARMUP], colours), out_dir / "trainer",
+                          callbacks=[LiveCurves(live, prefix="sft")])
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
