@@ -19,7 +19,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import load_params, lora_model, stage, write_params
+from conftest import load_params, lora_model, stage, tiny_config, write_params
 
 from vgrpo.config import config_from_dict
 from vgrpo.evaluation import generate, greedy_accuracy
@@ -117,8 +117,6 @@ def test_grpo_with_the_product_rewards_raises_them(cpu_run, tmp_path):
 def test_same_seed_same_trained_weights(tiny_dataset, tiny_base, tmp_path):
     """Training is deterministic: same params and seed, same LoRA weights (and they did move). The tiny
     profile as it is: its warm-started base, its rewards."""
-    from conftest import tiny_config
-
     config = tiny_config(max_steps=3, save_steps=10_000, eval_steps=0)
     data = load_dataset(tiny_dataset)
     runs = []

@@ -6,7 +6,7 @@ import json
 import re
 
 import yaml
-from conftest import copy_repo, run
+from conftest import copy_repo, load_params, run
 
 
 def declared(repo, kind: str) -> list[str]:
@@ -52,6 +52,19 @@ def test_the_tiny_run_trains_a_model_that_differs_from_its_base(tiny_pipeline):
     assert evaluation["adapter"]["max_lora_b"] > 0 and evaluation["adapter"]["max_logit_change"] > 0
     base = json.loads((tiny_pipeline / "reports/base/metrics.json").read_text())
     assert base["sft_steps"] > 0 and base["val"]["format_compliance"] > 0.5  # the warm start taught the format
+
+
+def test_grpo_logs_held_out_accuracy_along_training(tiny_pipeline):
+    """`train.eval_steps`: greedy val accuracy before the first step and every N steps, as a curve
+    beside the rewards and in the train metrics."""
+    train_params = load_params()["profiles"]["tiny"]["train"]
+    every, steps = train_params["eval_steps"], train_params["max_steps"]
+    rows = (tiny_pipeline / "reports/train/plots/metrics/eval/accuracy.tsv").read_text().splitlines()
+    curve = {int(step): float(value) for step, value in (row.split("\t") for row in rows[1:])}
+    assert sorted(curve) == list(range(0, steps + 1, every))
+    assert all(0.0 <= value <= 1.0 for value in curve.values())
+    train = json.loads((tiny_pipeline / "reports/train/metrics.json").read_text())
+    assert train["val_accuracy"] == {f"step_{step}": value for step, value in curve.items()}
 
 
 def test_smoke_gate_passed(tiny_pipeline):

@@ -20,7 +20,7 @@ from vgrpo.config import ConfigError, config_from_dict
 
 # --- GRPOConfig from params -------------------------------------------------------------------
 
-@pytest.mark.parametrize("profile", ["full", "book", "tiny"])
+@pytest.mark.parametrize("profile", ["full", "book", "tiny", "cpu"])
 def test_grpo_config_carries_every_recipe_knob(profile, tmp_path):
     from vgrpo.training import grpo_config
 
@@ -40,6 +40,14 @@ def test_grpo_config_carries_every_recipe_knob(profile, tmp_path):
     assert args.warmup_steps == train.warmup_ratio
     # CPU-safe settings: no mixed precision, no gradient checkpointing, the CPU device.
     assert (args.use_cpu, args.bf16, args.fp16, args.gradient_checkpointing) == (True, False, False, False)
+
+
+def test_rollout_top_k_reaches_trl(tmp_path):
+    """Every profile keeps TRL's default (0: whole vocabulary), so the test above cannot tell a knob that
+    is passed from one that is dropped: set it."""
+    from vgrpo.training import grpo_config
+
+    assert grpo_config(tiny_config(top_k=50).train, tmp_path, "float32", cuda=False).top_k == 50
 
 
 def test_recipes_from_the_seeds():
