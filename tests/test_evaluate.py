@@ -16,23 +16,26 @@ from vgrpo.config import config_from_dict
 
 PER_MODEL = ["samples", "accuracy", "accuracy_ci95", "format_compliance", "description_rate", "unparseable_rate",
              "mean_reasoning_tokens", "rewards", "accuracy_by_shape", "accuracy_by_count", "attention_on_image",
-             "attention_samples"]
+             "attention_samples", "reasoning_count_accuracy", "answer_matches_reasoning"]
 
 
 # --- Scoring, without a model ------------------------------------------------------------------
 
-def record(answer, parsed, shape="circles", tokens=10, fmt=-2.0, description=0.0):
+def record(answer, parsed, shape="circles", tokens=10, fmt=-2.0, description=0.0, stated=None):
     return {"answer": str(answer), "parsed": parsed, "correct": parsed == answer, "target_shape": shape,
-            "reasoning_tokens": tokens, "rewards": {"correctness_tags": 0.0, "format_tags": fmt,
-                                                    "correctness_free": 0.0, "description": description,
-                                                    "reasoning": 0.0, "counts_described": 0.0}}
+            "reasoning_tokens": tokens, "reasoning_count": stated,
+            "rewards": {"correctness_tags": 0.0, "format_tags": fmt, "correctness_free": 0.0,
+                        "description": description, "reasoning": 0.0, "counts_described": 0.0}}
 
 
 def test_summary_numbers():
     params = config_from_dict(tiny_params()).evaluate
-    records = [record(3, 3, fmt=1.0, description=0.5), record(3, 2, "squares"), record(7, None, "squares", 30),
-               record(7, 7, tokens=20)]
+    records = [record(3, 3, fmt=1.0, description=0.5, stated=3), record(3, 2, "squares", stated=3),
+               record(7, None, "squares", 30), record(7, 7, tokens=20, stated=6)]
     summary = evaluation.summarize(records, params)
+    # counted right twice (3, 3); the answer repeats the stated count once (3), not when it differs
+    # (3 -> 2), nor when the reasoning states none (None), nor when it states another (6 -> 7)
+    assert summary["reasoning_count_accuracy"] == 0.5 and summary["answer_matches_reasoning"] == 0.25
     assert summary["accuracy"] == 0.5 and summary["samples"] == 4
     assert summary["unparseable_rate"] == 0.25 and summary["format_compliance"] == 0.25
     assert summary["description_rate"] == 0.25 and summary["mean_reasoning_tokens"] == 17.5
@@ -166,7 +169,8 @@ def test_metrics_predictions_plots_and_heatmaps(tiny_pipeline):
 
     lines = [json.loads(line) for line in (reports / "predictions.jsonl").read_text().splitlines()]
     assert len(lines) == 2 * sum(params.max_samples[split] for split in params.splits)
-    for key in ("id", "split", "model", "question", "answer", "completion", "parsed", "correct", "rewards"):
+    for key in ("id", "split", "model", "question", "answer", "completion", "parsed", "correct", "rewards",
+                "reasoning_count"):
         assert key in lines[0]
     assert set(lines[0]["rewards"]) == {"correctness_tags", "format_tags", "correctness_free", "description",
                                         "reasoning", "counts_described"}

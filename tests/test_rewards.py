@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from vgrpo.config import REWARD_NAMES, ConfigError
 from vgrpo.prompts import REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START
-from vgrpo.rewards import REWARDS, reward_functions
+from vgrpo.rewards import REWARDS, reward_functions, stated_count
 
 FREE_TEXT = ("The image contains two red triangles, three blue circles, and one green square. "
              "The question asks for circles, so the answer is 3.")
@@ -145,6 +145,17 @@ ROW_COUNTS = {"triangles": 2, "circles": 3, "squares": 0}
 ])
 def test_counts_described(text, expected):
     assert score("counts_described", text, counts=ROW_COUNTS) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("reasoning, shape, expected", [
+    ("2 red triangles, 3 blue circles, 0 green squares", "circles", 3),
+    ("there are 4 circles here", "circles", 4),
+    ("1 circle", "circles", 1),
+    ("2 red triangles", "circles", None),
+    ("3 circles", "hexagons", None),  # not a shape the task asks about
+])
+def test_stated_count(reasoning, shape, expected):
+    assert stated_count(reasoning, shape) == expected
 
 
 def test_registry_matches_config():

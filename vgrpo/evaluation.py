@@ -22,7 +22,7 @@ from vgrpo import base, models
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
 from vgrpo.prompts import REASONING_END, REASONING_START, SOLUTION_START, hf_messages, parse_answer
-from vgrpo.rewards import REWARDS
+from vgrpo.rewards import REWARDS, stated_count
 
 MODELS = ("base", "trained")
 REASONING_BINS = (0, 16, 32, 64, 128, 256, 512, 10**9)  # tokens; edges of the accuracy-vs-length plot
@@ -107,6 +107,7 @@ def score(rows, completions: list[str], tokenizer) -> list[dict]:
             "correct": parsed is not None and parsed == int(row["answer"]),
             "rewards": {name: values[i] for name, values in rewards.items()},
             "reasoning_tokens": len(tokenizer(reasoning_text(completion), add_special_tokens=False)["input_ids"]),
+            "reasoning_count": stated_count(reasoning_text(completion), row["target_shape"]),
         })
     return records
 
@@ -173,6 +174,11 @@ def summarize(records: list[dict], params: EvaluateParams) -> dict:
         "unparseable_rate": _mean([r["parsed"] is None for r in records]),
         "mean_reasoning_tokens": _mean([r["reasoning_tokens"] for r in records]),
         "rewards": {name: _mean([r["rewards"][name] for r in records]) for name in REWARDS},
+        # Where a wrong answer goes wrong: counting (the reasoning states the wrong number), or answering
+        # (the reasoning states the right one, and the answer does not repeat it).
+        "reasoning_count_accuracy": _mean([r["reasoning_count"] == int(r["answer"]) for r in records]),
+        "answer_matches_reasoning": _mean([r["reasoning_count"] is not None and r["parsed"] == r["reasoning_count"]
+                                           for r in records]),
         "accuracy_by_shape": {shape: _mean(v) for shape, v in sorted(by_shape.items())},
         "accuracy_by_count": {str(count): _mean(v) for count, v in sorted(by_count.items())},
     }

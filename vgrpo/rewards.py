@@ -135,8 +135,10 @@ def reasoning(completions, **kwargs) -> list[float]:
     return [0.2 if _REASONING_PHRASE.search(_text(completion)) else 0.0 for completion in completions]
 
 
-def _stated_count(reasoning: str, shape: str) -> int | None:
+def stated_count(reasoning: str, shape: str) -> int | None:
     """The number written just before a shape's name (optionally with a colour word between), if one is."""
+    if shape not in SHAPE_WORDS:
+        return None
     words = "|".join(SHAPE_WORDS[shape][:2])
     found = re.search(rf"(?<!\d)(\d{{1,9}})\s+(?:[a-z]+\s+)?(?:{words})(?!\w)", reasoning, re.IGNORECASE)
     return int(found.group(1)) if found else None
@@ -152,7 +154,7 @@ def counts_described(completions, **kwargs) -> list[float]:
         if not isinstance(counts, dict):
             rewards.append(0.0)
             continue
-        right = sum(_stated_count(reasoning_part, shape) == _integer(counts.get(shape)) for shape in SHAPE_WORDS)
+        right = sum(stated_count(reasoning_part, shape) == _integer(counts.get(shape)) for shape in SHAPE_WORDS)
         rewards.append(right / len(SHAPE_WORDS))
     return rewards
 
