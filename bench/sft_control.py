@@ -1,9 +1,11 @@
 """The honest control for the CPU run: instead of GRPO, continue the warm start's supervised
-fine-tuning for the same wall time that GRPO took, then answer the same test images greedily.
-If more SFT does as well as GRPO, the GRPO gain is just more training.
+fine-tuning for the same wall time that GRPO took (or for `--steps` steps: with 38 steps of 16 it
+sees about as many answers as GRPO's 150 steps saw prompts), then answer the same test images
+greedily. If more SFT does as well as GRPO, the GRPO gain is just more training.
 
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run     # first: a cpu run to compare with
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run
+    .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 38   # about as many answers as GRPO's prompts
 
 Uses the run's own warm-started base (models/base), params (the `base` group's SFT recipe, on
 the run's `train` split, whose images GRPO trained on), the GRPO wall time from
@@ -48,7 +50,9 @@ class StopAfter(TrainerCallback):
 @click.command()
 @click.option("--repo", type=click.Path(path_type=Path, exists=True), required=True,
               help="A repo where `dvc exp run -S profile=cpu` ran (bench/cpu_run.py --keep).")
-def main(repo: Path) -> None:
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="Stop after this many SFT steps instead of GRPO's wall time (steps x batch = answers seen).")
+def main(repo: Path, steps: int | None) -> None:
     config = load_config(repo / "params.yaml")
     budget = json.loads((repo / "reports/train/metrics.json").read_text())["seconds"]
     evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())
@@ -60,18 +64,20 @@ def main(repo: Path) -> None:
     net = load_model(path, "float32")
     if config.base.freeze_embeddings:
         net.get_input_embeddings().weight.requires_grad_(False)
-    params = dataclasses.replace(config.base, sft_steps=100_000, lr_scheduler_type="constant", warmup_ratio=0.0)
+    params = dataclasses.replace(config.base, sft_steps=steps or 100_000, lr_scheduler_type="constant",
+                                 warmup_ratio=0.0)
     train_dataset = warm_start.sft_dataset(dataset["train"], dataset_colours(repo / "data/shapes"))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = warm_start.sft_trainer(net, processor, params, train_dataset, Path(tmp),
-                                         callbacks=[StopAfter(budget)])
+                                         callbacks=[] if steps else [StopAfter(budget)])
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
     net.eval()
     control = greedy_accuracy(net, processor, test, len(test), config.evaluate.max_new_tokens)
     grpo = evaluation["test"]
-    print(f"budget: GRPO's {budget / 60:.1f} min; SFT continued {trainer.state.global_step} steps in "
+    limit = f"{steps} steps" if steps else f"GRPO's {budget / 60:.1f} min"
+    print(f"budget: {limit}; SFT continued {trainer.state.global_step} steps in "
           f"{seconds / 60:.1f} min (lr {params.learning_rate:g}, constant, batch {params.batch_size})")
     print(f"test accuracy ({len(test)} images, greedy): warm start {grpo['base']['accuracy']:.3f}, "
           f"+ GRPO {grpo['trained']['accuracy']:.3f}, + more SFT {control['accuracy']:.3f}")
