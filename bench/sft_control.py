@@ -6,6 +6,7 @@ greedily. If more SFT does as well as GRPO, the GRPO gain is just more training.
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run     # first: a cpu run to compare with
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 38   # about as many answers as GRPO's prompts
+    .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 150 --learning-rate 1e-4
 
 Uses the run's own warm-started base (models/base), params (the `base` group's SFT recipe, on
 the run's `train` split, whose images GRPO trained on), the GRPO wall time from
@@ -52,7 +53,9 @@ class StopAfter(TrainerCallback):
               help="A repo where `dvc exp run -S profile=cpu` ran (bench/cpu_run.py --keep).")
 @click.option("--steps", type=click.IntRange(min=1), default=None,
               help="Stop after this many SFT steps instead of GRPO's wall time (steps x batch = answers seen).")
-def main(repo: Path, steps: int | None) -> None:
+@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Constant learning rate (default: the warm start's base.learning_rate).")
+def main(repo: Path, steps: int | None, learning_rate: float | None) -> None:
     config = load_config(repo / "params.yaml")
     budget = json.loads((repo / "reports/train/metrics.json").read_text())["seconds"]
     evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())
@@ -65,7 +68,7 @@ def main(repo: Path, steps: int | None) -> None:
     if config.base.freeze_embeddings:
         net.get_input_embeddings().weight.requires_grad_(False)
     params = dataclasses.replace(config.base, sft_steps=steps or 100_000, lr_scheduler_type="constant",
-                                 warmup_ratio=0.0)
+                                 warmup_ratio=0.0, learning_rate=learning_rate or config.base.learning_rate)
     train_dataset = warm_start.sft_dataset(dataset["train"], dataset_colours(repo / "data/shapes"))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = warm_start.sft_trainer(net, processor, params, train_dataset, Path(tmp),
