@@ -18,3 +18,9 @@ def test_evaluate_speed_benchmark():
     out = run(["python", str(ROOT / "bench/evaluate_speed.py"), "--samples", "4", "--batch-size", "4",
                "--max-new-tokens", "4"], ROOT).stdout
     assert re.search(r"speed-up +: +[\d.]+x", out)
+
+
+def test_sampling_benchmark():
+    out = run(["python", str(ROOT / "bench/sampling.py"), "--rows", "2", "--calls", "2"], ROOT).stdout
+    assert re.search(r"torch.multinomial +: +[\d.]+ ms/call", out)
+    assert re.search(r"speed-up +: +[\d.]+x", out)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -31,6 +33,32 @@ def test_each_stage_tracks_exactly_the_params_it_reads():
         assert set(pipeline[name].get("params", [])) == (expected if groups else set()), name
         assert f"stages/{name}.py" in pipeline[name]["deps"]
         assert pipeline[name]["cmd"].startswith(f"python stages/{name}.py")
+
+
+def library_modules(script: Path) -> set[str]:
+    """The vgrpo modules a script imports, directly or through other vgrpo modules, at any depth of the code."""
+    found, todo = set(), [script]
+    while todo:
+        for node in ast.walk(ast.parse(todo.pop().read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vgrpo"):
+                names = [f"vgrpo.{a.name}" for a in node.names] if node.module == "vgrpo" else [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                path = ROOT / (name.replace(".", "/") + ".py")
+                if name.startswith("vgrpo.") and path.is_file() and path.relative_to(ROOT).as_posix() not in found:
+                    found.add(path.relative_to(ROOT).as_posix())
+                    todo.append(path)
+    return found
+
+
+def test_each_stage_depends_on_every_library_module_it_imports():
+    """Else editing such a module (the train stage's sampler, say) would not rerun the stage."""
+    pipeline = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, stage in pipeline.items():
+        missing = library_modules(ROOT / f"stages/{name}.py") - set(stage["deps"])
+        assert not missing, f"{name} imports {sorted(missing)} but does not depend on them"
 
 
 @pytest.fixture

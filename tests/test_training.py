@@ -422,6 +422,11 @@ def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tiny_base, 
 
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["backend"] == "hf" and metrics["steps"] == 4
+    # every rollout token was drawn by the inverse-CDF sampler (vgrpo/sampling.py): one call per new token
+    # of each step's generate (one call per step here), none by torch's multinomial
+    max_new_tokens = tiny_config().train.max_completion_length
+    assert 4 <= metrics["rollout_sampling_calls"]["inverse_cdf"] <= 4 * max_new_tokens
+    assert metrics["rollout_sampling_calls"]["torch"] == 0
     curves = tmp_path / "reports" / "plots" / "metrics" / "train"
     for curve in ["reward.tsv", "rewards/correctness_tags/mean.tsv", "rewards/format_tags/mean.tsv", "kl.tsv",
                   "completions/mean_length.tsv", "loss.tsv", "learning_rate.tsv"]:
