@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import copy_repo, run, stage, tiny_params, write_params
 
-from vgrpo import evaluation, models
+from vgrpo import evaluation, models, prompts
 from vgrpo.base import base_model_path
 from vgrpo.config import config_from_dict
 
@@ -92,8 +92,8 @@ def test_gain_carries_interval_p_and_discordant_counts():
 
 
 def test_reasoning_text_rule():
-    assert evaluation.reasoning_text("<REASONING>two blue</REASONING><SOLUTION>2</SOLUTION>") == "two blue"
-    assert evaluation.reasoning_text("I count 2 circles <SOLUTION>2</SOLUTION>") == "I count 2 circles "
+    assert prompts.reasoning_text("<REASONING>two blue</REASONING><SOLUTION>2</SOLUTION>") == "two blue"
+    assert prompts.reasoning_text("I count 2 circles <SOLUTION>2</SOLUTION>") == "I count 2 circles "
 
 
 # --- The model side --------------------------------------------------------------------------

@@ -141,6 +141,8 @@ ROW_COUNTS = {"triangles": 2, "circles": 3, "squares": 0}
     ("<REASONING>3 circles</REASONING><SOLUTION>3</SOLUTION>", 1 / 3),
     ("<REASONING>I see circles.</REASONING><SOLUTION>3 circles, 2 triangles</SOLUTION>", 0.0),  # not the reasoning
     ("<REASONING>12 red triangles</REASONING>", 0.0),
+    ("<REASONING>I see circles.</REASONING> 3 blue circles <SOLUTION>3</SOLUTION>", 0.0),  # evaluate's cut
+    ("2 red triangles <SOLUTION>3</SOLUTION>", 1 / 3),  # no reasoning tags: everything before the answer
     ("", 0.0),
 ])
 def test_counts_described(text, expected):

@@ -21,7 +21,7 @@ from PIL import Image
 from vgrpo import base, models
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
-from vgrpo.prompts import REASONING_END, REASONING_START, SOLUTION_START, hf_messages, parse_answer
+from vgrpo.prompts import hf_messages, parse_answer, reasoning_text
 from vgrpo.rewards import REWARDS, stated_count
 
 MODELS = ("base", "trained")
@@ -86,13 +86,6 @@ def greedy_accuracy(model, processor, rows, samples: int, max_new_tokens: int = 
             "format_compliance": round(sum(formatted) / len(rows), 4)}
 
 
-def reasoning_text(completion: str) -> str:
-    """The reasoning part: inside <REASONING> tags when present, else everything before <SOLUTION>."""
-    if REASONING_START in completion and REASONING_END in completion.split(REASONING_START, 1)[1]:
-        return completion.split(REASONING_START, 1)[1].split(REASONING_END, 1)[0]
-    return completion.split(SOLUTION_START, 1)[0]
-
-
 def score(rows, completions: list[str], tokenizer) -> list[dict]:
     """One record per sample: parsed answer, correctness, every reward, reasoning length."""
     columns = {key: [row[key] for row in rows] for key in ("answer", "target_shape", "target_colour", "counts")
@@ -100,14 +93,14 @@ def score(rows, completions: list[str], tokenizer) -> list[dict]:
     rewards = {name: fn(completions, **columns) for name, fn in REWARDS.items()}
     records = []
     for i, (row, completion) in enumerate(zip(rows, completions, strict=True)):
-        parsed = parse_answer(completion)
+        parsed, reasoning = parse_answer(completion), reasoning_text(completion)
         records.append({
             "id": row["id"], "question": row["question"], "answer": row["answer"],
             "target_shape": row["target_shape"], "completion": completion, "parsed": parsed,
             "correct": parsed is not None and parsed == int(row["answer"]),
             "rewards": {name: values[i] for name, values in rewards.items()},
-            "reasoning_tokens": len(tokenizer(reasoning_text(completion), add_special_tokens=False)["input_ids"]),
-            "reasoning_count": stated_count(reasoning_text(completion), row["target_shape"]),
+            "reasoning_tokens": len(tokenizer(reasoning, add_special_tokens=False)["input_ids"]),
+            "reasoning_count": stated_count(reasoning, row["target_shape"]),
         })
     return records
 

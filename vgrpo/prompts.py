@@ -72,3 +72,10 @@ def parse_answer(completion: str) -> int | None:
             return int(numbers[0])
     numbers = INTEGER.findall(completion)
     return int(numbers[-1]) if numbers else None
+
+
+def reasoning_text(completion: str) -> str:
+    """The reasoning part: inside <REASONING> tags when present, else everything before <SOLUTION>."""
+    if REASONING_START in completion and REASONING_END in completion.split(REASONING_START, 1)[1]:
+        return completion.split(REASONING_START, 1)[1].split(REASONING_END, 1)[0]
+    return completion.split(SOLUTION_START, 1)[0]

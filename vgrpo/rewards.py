@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 
 from vgrpo.config import ConfigError
-from vgrpo.prompts import INTEGER, REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START
+from vgrpo.prompts import INTEGER, REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START, reasoning_text
 
 Reward = Callable[..., list[float]]
 # Used when the dataset has no target_colour column (the defaults of generate.colours).
@@ -149,8 +149,7 @@ def counts_described(completions, **kwargs) -> list[float]:
     n = len(completions)
     rewards = []
     for completion, counts in zip(completions, _column(kwargs, "counts", n), strict=True):
-        text = _text(completion)
-        reasoning_part = text.split(SOLUTION_START)[0]
+        reasoning_part = reasoning_text(_text(completion))
         if not isinstance(counts, dict):
             rewards.append(0.0)
             continue
