@@ -100,8 +100,14 @@ def picture(repo: Path, out: Path) -> None:
     """The GRPO reward and held-out accuracy curves, as `dvc plots show` draws them, side by side."""
     import vl_convert
 
-    shown = json.loads(subprocess.run(["dvc", "plots", "show", "--json"], cwd=repo, env=environment(repo), check=True,
-                                      capture_output=True, text=True).stdout)["data"]
+    plots = subprocess.run(["dvc", "plots", "show", "--json"], cwd=repo, env=environment(repo),
+                           capture_output=True, text=True)
+    if plots.returncode:
+        lines = (plots.stderr or plots.stdout).strip().splitlines() or ["no output"]
+        raise SystemExit(f"cpu_run: `dvc plots show --json` failed in {repo}: {lines[-1]}")
+    shown = json.loads(plots.stdout).get("data")
+    if not shown:
+        raise SystemExit(f"cpu_run: `dvc plots show --json` found no plots in {repo} (not a finished cpu run?)")
     grpo = "reports/train/plots/metrics"
     titles = {  # plot file -> panel title, left to right
         f"{grpo}/train/rewards/correctness_tags/mean.tsv": "GRPO: correctness reward (mean per step)",

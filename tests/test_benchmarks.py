@@ -24,3 +24,12 @@ def test_sampling_benchmark():
     out = run(["python", str(ROOT / "bench/sampling.py"), "--rows", "2", "--calls", "2"], ROOT).stdout
     assert re.search(r"torch.multinomial +: +[\d.]+ ms/call", out)
     assert re.search(r"speed-up +: +[\d.]+x", out)
+
+
+def test_cpu_run_picture_without_plots_says_so_in_one_line(tmp_path):
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, 'bench'); import cpu_run; "
+            f"cpu_run.picture(Path({str(tmp_path)!r}), Path({str(tmp_path / 'x.png')!r}))")
+    result = run(["python", "-c", code], ROOT, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (f"cpu_run: `dvc plots show --json` found no plots in {tmp_path} "
+                                     "(not a finished cpu run?)")
