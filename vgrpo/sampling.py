@@ -21,7 +21,7 @@ import torch
 
 def inverse_cdf_multinomial(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One index per row of `probs` (rows of non-negative weights, not necessarily normalised), shape (rows, 1)."""
-    cdf = probs.double().cumsum(-1)  # float64: a float32 sum over 151,936 entries drifts
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # float64: a float32 sum over 151,936 entries drifts
     uniform = torch.rand(probs.size(0), 1, dtype=cdf.dtype, device=probs.device, generator=generator)
     # right=True: the first index whose cumulative weight exceeds u, so a zero-weight entry is never drawn
     return torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp_(max=probs.size(-1) - 1)
@@ -40,7 +40,7 @@ def inverse_cdf_sampling():
         if plain:
             totals = probs.sum(-1)
             # invalid rows (NaN, inf, negative, all zero) go to torch, which raises its usual error
-            plain = bool(torch.isfinite(totals).all() and (totals > 0).all() and (probs >= 0).all())
+            plain = bool(torch.isfinite(totals).all() and (totals > 0).all() and probs.min() >= 0)
         if not plain:
             calls["torch"] += 1
             return torch_multinomial(probs, num_samples, replacement, generator=generator, out=out)
