@@ -4,6 +4,7 @@ then the figures the README's CPU section reports, and the picture of its curves
     .venv/bin/python bench/cpu_run.py                          # a temp clone, removed afterwards
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # keep the clone (bench/sft_control.py reads it)
     .venv/bin/python bench/cpu_run.py --picture docs/cpu_run.png
+    .venv/bin/python bench/cpu_run.py --set profiles.cpu.train.max_steps=450   # a variant: `dvc exp run -S` each
 
 Prints minutes per stage (from when DVC starts each), the warm start's held-out accuracy, base vs
 trained on test with the paired bootstrap interval and McNemar's p, accuracy per count, the OOD
@@ -27,9 +28,10 @@ from pipeline import environment, make_clone  # bench/pipeline.py: the same thro
 STAGES = ("generate", "base", "train", "evaluate", "export", "smoke", "card")
 
 
-def timed_run(repo: Path) -> tuple[dict[str, float], float, str]:
-    """`dvc exp run -S profile=cpu`, timing each stage from the moment DVC announces it."""
-    process = subprocess.Popen(["dvc", "exp", "run", "-S", "profile=cpu"], cwd=repo, env=environment(repo),
+def timed_run(repo: Path, settings: tuple[str, ...] = ()) -> tuple[dict[str, float], float, str]:
+    """`dvc exp run -S profile=cpu [-S setting ...]`, timing each stage from the moment DVC announces it."""
+    command = ["dvc", "exp", "run", "-S", "profile=cpu"] + [arg for setting in settings for arg in ("-S", setting)]
+    process = subprocess.Popen(command, cwd=repo, env=environment(repo),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     start = time.perf_counter()
     marks, log = [], []
@@ -59,12 +61,13 @@ def curve(repo: Path, relative: str, field: str) -> list[tuple[int, float]]:
     return [(int(row[header.index("step")]), float(row[header.index(field)])) for row in rows[1:]]
 
 
-def report(repo: Path, seconds: dict[str, float], total: float) -> None:
+def report(repo: Path, seconds: dict[str, float], total: float, settings: tuple[str, ...] = ()) -> None:
     base = read(repo, "reports/base/metrics.json")
     train = read(repo, "reports/train/metrics.json")
     evaluation = read(repo, "reports/eval/metrics.json")
     smoke = read(repo, "reports/smoke/metrics.json")
-    print(f"\nwall time, dvc exp run -S profile=cpu: {total / 60:.1f} min; peak RSS "
+    command = " ".join(["dvc exp run -S profile=cpu", *(f"-S {setting}" for setting in settings)])
+    print(f"\nwall time, {command}: {total / 60:.1f} min; peak RSS "
           f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GB")
     for name in STAGES:
         print(f"  {name:<9} {seconds.get(name, 0) / 60:5.1f} min")
@@ -141,13 +144,15 @@ def picture(repo: Path, out: Path) -> None:
 @click.command()
 @click.option("--keep", "keep", type=click.Path(path_type=Path), help="Clone here and keep it.")
 @click.option("--picture", "picture_path", type=click.Path(path_type=Path), help="Write the curves here (PNG).")
-def main(keep: Path | None, picture_path: Path | None) -> None:
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="A params override for `dvc exp run -S` (repeatable), e.g. profiles.cpu.train.max_steps=450.")
+def main(keep: Path | None, picture_path: Path | None, settings: tuple[str, ...]) -> None:
     tmp = None if keep else Path(tempfile.mkdtemp(prefix="vgrpo-cpu-"))
     repo = keep or tmp / "repo"
     make_clone(repo)
-    seconds, total, log = timed_run(repo)
+    seconds, total, log = timed_run(repo, settings)
     (repo / "exp-run.log").write_text(log)
-    report(repo, seconds, total)
+    report(repo, seconds, total, settings)
     if picture_path:
         picture(repo, picture_path)
     if tmp:
