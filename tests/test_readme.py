@@ -36,6 +36,7 @@ RUN_BY = {
     "python bench/pipeline.py": "tests/conftest.py",
     "python bench/evaluate_speed.py": "tests/test_benchmarks.py",
     "python bench/gguf_vs_hf.py --images 8": "tests/test_smoke.py",
+    "python bench/sampling.py": "tests/test_benchmarks.py",
 }
 NOT_RUNNABLE_HERE = ("docker ",)  # no Docker engine: the README says the image was not built here
 
