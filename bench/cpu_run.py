@@ -7,10 +7,11 @@ then the figures the README's CPU section reports, and the picture of its curves
     .venv/bin/python bench/cpu_run.py --set profiles.cpu.train.max_steps=450   # a variant: `dvc exp run -S` each
 
 Prints minutes per stage (from when DVC starts each), the warm start's held-out accuracy, base vs
-trained on test with the paired bootstrap interval and McNemar's p, accuracy per count, the OOD
-split, the GRPO reward and held-out accuracy curves, and each GGUF file's counting accuracy in
-llama.cpp. The picture is `dvc plots show`'s own Vega-Lite specs for the reward and accuracy curves,
-drawn to PNG with vl-convert.
+trained on test with the paired bootstrap interval and McNemar's p, accuracy per count, how often
+the reasoning states the right count and the answer repeats it, how often each answer is given, the
+OOD split, the GRPO reward, reward-spread, entropy and held-out accuracy curves, and each GGUF
+file's counting accuracy in llama.cpp. The picture is `dvc plots show`'s own Vega-Lite specs for
+the reward and accuracy curves, drawn to PNG with vl-convert.
 """
 
 import json
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -61,6 +63,16 @@ def curve(repo: Path, relative: str, field: str) -> list[tuple[int, float]]:
     return [(int(row[header.index("step")]), float(row[header.index(field)])) for row in rows[1:]]
 
 
+def answers_given(repo: Path, split: str) -> dict[str, Counter]:
+    """How often each model gave each answer (None: no number) on a split: reports/eval/predictions.jsonl."""
+    given = {"base": Counter(), "trained": Counter()}
+    for line in (repo / "reports/eval/predictions.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["split"] == split:
+            given[record["model"]][record["parsed"]] += 1
+    return given
+
+
 def report(repo: Path, seconds: dict[str, float], total: float, settings: tuple[str, ...] = ()) -> None:
     base = read(repo, "reports/base/metrics.json")
     train = read(repo, "reports/train/metrics.json")
@@ -81,6 +93,12 @@ def report(repo: Path, seconds: dict[str, float], total: float, settings: tuple[
         tenth = max(1, len(rewards) // 10)
         first, last = (sum(v for _, v in part) / len(part) for part in (rewards[:tenth], rewards[-tenth:]))
         print(f"  correctness reward, mean of the first / last {tenth} steps: {first:.3f} -> {last:.3f}")
+    zero_spread = curve(repo, "reports/train/plots/metrics/train/frac_reward_zero_std.tsv", "frac_reward_zero_std")
+    entropy = curve(repo, "reports/train/plots/metrics/train/entropy.tsv", "entropy")
+    if zero_spread and entropy:
+        print(f"  groups without reward spread, mean over logged steps: "
+              f"{sum(v for _, v in zero_spread) / len(zero_spread):.2f}; token entropy "
+              f"{min(v for _, v in entropy):.3f}-{max(v for _, v in entropy):.3f}")
     accuracy = curve(repo, "reports/train/plots/metrics/eval/accuracy.tsv", "accuracy")
     if accuracy:
         print("  val accuracy along GRPO: " + ", ".join(f"step {s}: {a:.3f}" for s, a in accuracy))
@@ -94,6 +112,13 @@ def report(repo: Path, seconds: dict[str, float], total: float, settings: tuple[
         counts = m["trained"]["accuracy_by_count"]
         print("       by count, base -> trained: " + ", ".join(
             f"{c}: {m['base']['accuracy_by_count'][c]:.2f}->{counts[c]:.2f}" for c in counts))
+        print("       reasoning states the right count / answer repeats it, base -> trained: "
+              f"{m['base']['reasoning_count_accuracy']:.3f} -> {m['trained']['reasoning_count_accuracy']:.3f} / "
+              f"{m['base']['answer_matches_reasoning']:.3f} -> {m['trained']['answer_matches_reasoning']:.3f}")
+    answers = answers_given(repo, "test")
+    print("test answers given, base -> trained: " + ", ".join(
+        f"{value}: {answers['base'].get(value, 0)}->{answers['trained'].get(value, 0)}"
+        for value in sorted(set(answers["base"]) | set(answers["trained"]), key=str)))
     files = ", ".join(f"{name} {m['accuracy']:.3f}" for name, m in smoke["files"].items())
     print(f"smoke ({smoke['num_images']} test images): merged model {smoke['hf']['accuracy']:.3f}; {files}; "
           f"gate passed: {smoke['gate']['passed']}")

@@ -2,9 +2,9 @@
 
 To draw one token, torch's CPU `multinomial` draws an exponential random number for every
 vocabulary entry (the exponential-race trick). Over Qwen3-VL's 151,936 tokens and a batch of 16
-rows that is about 65 ms per generated token on this 2-core VM: 40% of a cpu-profile GRPO step
-(`bench/sampling.py`). Inverse-CDF sampling (a cumulative sum, one uniform number per row, a
-binary search) draws from the same distribution in 1-2 ms. GRPO's rollouts on a CPU sample through
+rows that is 79 ms per generated token on this 2-core VM; inverse-CDF sampling (a cumulative sum,
+one uniform number per row, a binary search) draws from the same distribution in 16.6 ms
+(`bench/sampling.py`). GRPO's rollouts on a CPU sample through
 `transformers`' `generate`, which calls `torch.multinomial(probs, num_samples=1)`;
 `inverse_cdf_sampling()` routes exactly those calls to `inverse_cdf_multinomial` while it is active,
 and counts the calls each sampler served (the train stage's metrics show them, so a `transformers`
