@@ -79,6 +79,10 @@ BAD_INPUTS = [
      "params.yaml: evaluate.max_samples: no cap for split 'ood' (listed in evaluate.splits)"),
     ("shape larger than the image", lambda r: set_key(r, "generate.max_shape_size", 300),
      "params.yaml: generate.max_shape_size: does not fit in a 256px image"),
+    ("answer smoothing above 1", lambda r: set_key(r, "base.answer_smoothing", 1.5),
+     "params.yaml: base.answer_smoothing: expected a number >= 0 and <= 1, got 1.5"),
+    ("answer smoothing without the sampled softmax", lambda r: set_key(r, "base.answer_smoothing", 0.5),
+     "params.yaml: base.answer_smoothing: is computed in the sampled-softmax loss: set base.sampled_negatives > 0"),
 ]
 
 

@@ -114,6 +114,7 @@ class BaseParams:
     sampled_negatives: int = knob(ge=0)  # 0: softmax over the whole vocabulary; k: over the answers' tokens + k sampled
     freeze_embeddings: bool  # keep the (tied) token embeddings, and so the output layer, as built
     output_norm_init: float = knob(ge=0)  # the decoder's final RMSNorm weight before the warm start; 0: as built
+    answer_smoothing: float = knob(ge=0, le=1)  # share of the answer number's target spread over every answer number
 
 
 @dataclass(frozen=True)
@@ -405,6 +406,8 @@ def _check_relations(config: Config, source: str) -> None:
         fail("base.sft_steps", f"the warm start is for the tiny model (model.name: tiny), not {m.name}: set it to 0")
     if b.sft_steps and not g.warmup_size:
         fail("base.sft_steps", f"{b.sft_steps} warm-start steps need warm-start images: set generate.warmup_size > 0")
+    if b.answer_smoothing and not b.sampled_negatives:
+        fail("base.answer_smoothing", "is computed in the sampled-softmax loss: set base.sampled_negatives > 0")
     for name in t.rewards:
         if name not in REWARD_NAMES:
             fail(f"train.rewards.{name}", f"unknown reward (expected one of {', '.join(REWARD_NAMES)})")

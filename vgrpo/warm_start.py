@@ -24,10 +24,10 @@ from trl import SFTTrainer
 
 from vgrpo.config import WARMUP, BaseParams, ModelParams
 from vgrpo.files import atomic_dir, write_json
-from vgrpo.prompts import reference_answer
+from vgrpo.prompts import REASONING_END, SOLUTION_END, SOLUTION_START, parse_answer, reference_answer
 from vgrpo.vendor import cache_dir
 
-RECIPE_VERSION = 2  # bump when the code below changes what a given recipe produces
+RECIPE_VERSION = 3  # bump when the code below changes what a given recipe produces
 
 
 def sft_dataset(warmup, colours: dict[str, str]):
@@ -72,12 +72,19 @@ class SampledSoftmaxSFTTrainer(SFTTrainer):
     uniformly from the rest of the vocabulary at every step (sampled softmax, Jean et al. 2015), with
     the log-Q correction: each sampled token stands for (V - |answer tokens|) / k tokens, so its logit
     gets log of that added and the loss estimates the full softmax. On a CPU the 151,936-way output
-    layer is most of a tiny model's step; this makes it about free."""
+    layer is most of a tiny model's step; this makes it about free.
 
-    def __init__(self, *args, answer_token_ids=(), negatives: int = 1024, **kwargs):
+    With `answer_smoothing` > 0 the number inside <SOLUTION> is label-smoothed over `answer_numbers`
+    (the token of every number the answers give): its target puts that share evenly on all of them."""
+
+    def __init__(self, *args, answer_token_ids=(), negatives: int = 1024, answer_smoothing: float = 0.0,
+                 answer_numbers=(), solution_tags=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.answer_ids = torch.tensor(sorted(set(answer_token_ids)), dtype=torch.long)
         self.negatives = negatives
+        self.answer_smoothing = answer_smoothing
+        self.answer_numbers = torch.tensor(sorted(set(answer_numbers)), dtype=torch.long)
+        self.solution_tags = solution_tags
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
@@ -85,6 +92,7 @@ class SampledSoftmaxSFTTrainer(SFTTrainer):
         hidden = model.model(**inputs, use_cache=False).last_hidden_state[:, :-1]
         targets = labels[:, 1:]
         scored = targets != -100
+        is_number = answer_number_mask(labels, self.solution_tags)[:, 1:][scored] if self.answer_smoothing else None
         hidden, targets = hidden[scored], targets[scored]
         weight = model.get_output_embeddings().weight
         answer_ids = self.answer_ids.to(targets.device)
@@ -93,7 +101,50 @@ class SampledSoftmaxSFTTrainer(SFTTrainer):
         logits = hidden @ weight[vocabulary].t()
         others = ~torch.isin(vocabulary, answer_ids)
         logits = logits + others * torch.log((weight.shape[0] - len(answer_ids)) / others.sum().clamp(min=1))
-        return F.cross_entropy(logits, torch.searchsorted(vocabulary, targets))
+        if is_number is None:
+            return F.cross_entropy(logits, torch.searchsorted(vocabulary, targets))
+        numbers = torch.searchsorted(vocabulary, self.answer_numbers.to(targets.device))
+        return smoothed_cross_entropy(logits, torch.searchsorted(vocabulary, targets), is_number, numbers,
+                                      self.answer_smoothing)
+
+
+def smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, is_number: torch.Tensor,
+                           numbers: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """Mean cross-entropy of `logits` (positions x classes); where `is_number`, the target is
+    (1 - smoothing) x the target class + smoothing spread evenly over the classes `numbers`."""
+    log_probs = logits.log_softmax(-1)
+    nll = -log_probs.gather(1, targets[:, None]).squeeze(1)
+    spread = -log_probs[:, numbers].mean(-1)
+    return torch.where(is_number, (1 - smoothing) * nll + smoothing * spread, nll).mean()
+
+
+def solution_tags(tokenizer) -> tuple[list[int], list[int]]:
+    """The token runs around the answer's number as they appear in a reference answer: Qwen's BPE
+    merges the `>` of </REASONING> with the `<` of <SOLUTION>, so the opening run starts at </REASONING>."""
+    return (tokenizer(REASONING_END + SOLUTION_START, add_special_tokens=False)["input_ids"],
+            tokenizer(SOLUTION_END, add_special_tokens=False)["input_ids"])
+
+
+def answer_number_mask(labels: torch.Tensor, tags: tuple[list[int], list[int]]) -> torch.Tensor:
+    """True where a row of `labels` holds the number between the two tag runs of `solution_tags`."""
+    opening, closing = tags
+    mask = torch.zeros_like(labels, dtype=torch.bool)
+    for row, row_mask in zip(labels.tolist(), mask, strict=True):
+        starts = [i + len(opening) for i in range(len(row)) if row[i:i + len(opening)] == opening]
+        ends = [i for i in range(starts[0], len(row)) if row[i:i + len(closing)] == closing] if starts else []
+        if not ends:
+            raise ValueError("base.answer_smoothing: a tokenized warm-up answer has no <SOLUTION>...</SOLUTION>")
+        row_mask[starts[0]:ends[0]] = True
+    return mask
+
+
+def answer_number_ids(tokenizer, answers) -> list[int]:
+    """The token of every number inside <SOLUTION> in `answers`; each must be one token."""
+    numbers = {parse_answer(text) for text in answers}
+    ids = [tokenizer(str(n), add_special_tokens=False)["input_ids"] for n in sorted(numbers)]
+    if any(len(one) != 1 for one in ids):
+        raise ValueError(f"base.answer_smoothing: the answers {sorted(numbers)} are not one token each")
+    return [one[0] for one in ids]
 
 
 def answer_token_ids(tokenizer, answers) -> set[int]:
@@ -106,14 +157,17 @@ def answer_token_ids(tokenizer, answers) -> set[int]:
 
 def sft_trainer(net, processor, params: BaseParams, train_dataset, output_dir: Path, callbacks=()) -> SFTTrainer:
     """TRL's SFTTrainer for `net` on `train_dataset` (from `sft_dataset`), with the sampled-softmax loss
-    when `params.sampled_negatives` > 0."""
+    (and the answers' label smoothing) when `params.sampled_negatives` > 0."""
     common = dict(model=net, args=sft_config(params, output_dir), train_dataset=train_dataset,
                   processing_class=processor, callbacks=list(callbacks))
     if not params.sampled_negatives:
         return SFTTrainer(**common)
+    tokenizer = processor.tokenizer
     answers = [turn[0]["content"] for turn in train_dataset["completion"]]
+    smoothing = dict(answer_smoothing=params.answer_smoothing, answer_numbers=answer_number_ids(tokenizer, answers),
+                     solution_tags=solution_tags(tokenizer)) if params.answer_smoothing else {}
     return SampledSoftmaxSFTTrainer(**common, negatives=params.sampled_negatives,
-                                    answer_token_ids=answer_token_ids(processor.tokenizer, answers))
+                                    answer_token_ids=answer_token_ids(tokenizer, answers), **smoothing)
 
 
 def recipe_key(model: ModelParams, params: BaseParams, model_dir: Path, data_fingerprint: str) -> str:

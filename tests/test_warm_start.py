@@ -1,0 +1,66 @@
+"""The warm start's label smoothing of the answer's number (`base.answer_smoothing`)."""
+
+import pytest
+import torch
+
+from vgrpo.prompts import reference_answer
+from vgrpo.warm_start import answer_number_ids, answer_number_mask, smoothed_cross_entropy, solution_tags
+
+COLOURS = {"triangles": "red", "circles": "blue", "squares": "green"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def labels_of(tokenizer, answer: str, prompt_tokens: int = 5, padding: int = 3) -> list[int]:
+    """A row of SFT labels as the collator makes them: the prompt and the padding are -100."""
+    return [-100] * prompt_tokens + tokenizer(answer, add_special_tokens=False)["input_ids"] + [-100] * padding
+
+
+@pytest.mark.parametrize("counts, asked", [({"triangles": 2, "circles": 3, "squares": 1}, "circles"),
+                                           ({"triangles": 5, "circles": 0, "squares": 3}, "triangles"),
+                                           ({"triangles": 1, "circles": 1, "squares": 4}, "squares")])
+def test_the_mask_holds_exactly_the_answers_number(tokenizer, counts, asked):
+    answer = reference_answer(counts, COLOURS, asked)
+    row = labels_of(tokenizer, answer)
+    mask = answer_number_mask(torch.tensor([row, row]), solution_tags(tokenizer))
+    for row_mask in mask:
+        assert tokenizer.decode([t for t, m in zip(row, row_mask, strict=True) if m]) == str(counts[asked])
+
+
+def test_an_answer_without_solution_tags_is_named(tokenizer):
+    row = labels_of(tokenizer, "<REASONING>2 red triangles</REASONING>3")
+    with pytest.raises(ValueError, match="base.answer_smoothing"):
+        answer_number_mask(torch.tensor([row]), solution_tags(tokenizer))
+
+
+def test_number_ids_are_one_token_each(tokenizer):
+    answers = [reference_answer({"triangles": n, "circles": 1, "squares": 1}, COLOURS, "triangles") for n in (1, 5, 3)]
+    ids = answer_number_ids(tokenizer, answers)
+    assert [tokenizer.decode([i]) for i in ids] == ["1", "3", "5"]
+    with pytest.raises(ValueError, match="not one token each"):
+        answer_number_ids(tokenizer, [answers[0].replace(">1<", ">12<")])
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.5, 1.0])
+def test_the_loss_is_minimised_by_the_smoothed_target(smoothing):
+    """Logits trained on the loss alone end where the target puts them: at a number position,
+    (1 - smoothing) on the right number plus smoothing spread over the numbers; elsewhere the class."""
+    torch.manual_seed(0)
+    logits = torch.zeros(2, 8, requires_grad=True)
+    targets, is_number, numbers = torch.tensor([3, 6]), torch.tensor([True, False]), torch.tensor([1, 2, 3, 4])
+    optimizer = torch.optim.Adam([logits], lr=0.1)
+    for _ in range(2000):
+        optimizer.zero_grad()
+        smoothed_cross_entropy(logits, targets, is_number, numbers, smoothing).backward()
+        optimizer.step()
+    probs = logits.softmax(-1).detach()
+    expected = torch.zeros(8)
+    expected[numbers] = smoothing / len(numbers)
+    expected[3] += 1 - smoothing
+    assert torch.allclose(probs[0], expected, atol=0.02)
+    assert probs[1, 6] > 0.98  # not a number position: plain cross-entropy
