@@ -64,3 +64,33 @@ def test_the_loss_is_minimised_by_the_smoothed_target(smoothing):
     expected[3] += 1 - smoothing
     assert torch.allclose(probs[0], expected, atol=0.02)
     assert probs[1, 6] > 0.98  # not a number position: plain cross-entropy
+
+
+def test_the_base_stage_trainer_smooths_the_answer_when_asked(tiny_model_dir, tiny_dataset, tmp_path):
+    """The trainer the base stage builds: with answer_smoothing the same batch gets another loss, the
+    smoothed one; without it the trainer has no smoothing at all (the warm start of every profile)."""
+    import dataclasses
+
+    from conftest import tiny_config
+
+    from vgrpo.config import WARMUP
+    from vgrpo.models import load_model, load_processor
+    from vgrpo.shapes import dataset_colours, load_dataset
+    from vgrpo.warm_start import sft_dataset, sft_trainer
+
+    config = tiny_config()
+    warmup = load_dataset(tiny_dataset, splits=(WARMUP,))[WARMUP].select(range(8))
+    examples = sft_dataset(warmup, dataset_colours(tiny_dataset))
+    processor = load_processor(str(tiny_model_dir), config.model)
+    net = load_model(str(tiny_model_dir), "float32")
+    losses = []
+    for smoothing in (0.0, 0.0, 1.0):
+        params = dataclasses.replace(config.base, answer_smoothing=smoothing, batch_size=8)
+        trainer = sft_trainer(net, processor, params, examples, tmp_path / str(len(losses)))
+        assert trainer.answer_smoothing == smoothing
+        batch = next(iter(trainer.get_train_dataloader()))
+        torch.manual_seed(0)  # the same sampled negatives every time
+        with torch.no_grad():
+            losses.append(trainer.compute_loss(net, batch).item())
+    # the random model spreads its mass evenly, so one position in ~30 moves the mean loss by ~1e-3
+    assert losses[0] == losses[1] and abs(losses[2] - losses[0]) > 1e-4, losses
