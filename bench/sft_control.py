@@ -57,7 +57,7 @@ class StopAfter(TrainerCallback):
               help="Constant learning rate (default: the warm start's base.learning_rate).")
 def main(repo: Path, steps: int | None, learning_rate: float | None) -> None:
     config = load_config(repo / "params.yaml")
-    budget = json.loads((repo / "reports/train/metrics.json").read_text())["seconds"]
+    budget = None if steps else json.loads((repo / "reports/train/metrics.json").read_text())["seconds"]
     evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())
     dataset = load_dataset(repo / "data/shapes", splits=("train", "test"))
     test = dataset["test"].select(range(min(config.evaluate.max_samples["test"], len(dataset["test"]))))
@@ -67,8 +67,10 @@ def main(repo: Path, steps: int | None, learning_rate: float | None) -> None:
     net = load_model(path, "float32")
     if config.base.freeze_embeddings:
         net.get_input_embeddings().weight.requires_grad_(False)
+    # plain SFT on the reference answers, whatever the warm start's answer_smoothing was
     params = dataclasses.replace(config.base, sft_steps=steps or 100_000, lr_scheduler_type="constant",
-                                 warmup_ratio=0.0, learning_rate=learning_rate or config.base.learning_rate)
+                                 warmup_ratio=0.0, learning_rate=learning_rate or config.base.learning_rate,
+                                 answer_smoothing=0.0)
     train_dataset = warm_start.sft_dataset(dataset["train"], dataset_colours(repo / "data/shapes"))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = warm_start.sft_trainer(net, processor, params, train_dataset, Path(tmp),

@@ -33,3 +33,21 @@ def test_cpu_run_picture_without_plots_says_so_in_one_line(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip() == (f"cpu_run: `dvc plots show --json` found no plots in {tmp_path} "
                                      "(not a finished cpu run?)")
+
+
+def test_sft_control_continues_the_warm_start_and_answers_the_test_images(tiny_pipeline):
+    """`bench/sft_control.py` on a finished run: SFT steps from the run's base, then the same test
+    images as `evaluate`; the warm start and GRPO figures it prints are the run's own."""
+    import json
+
+    out = run(["python", str(ROOT / "bench/sft_control.py"), "--repo", str(tiny_pipeline), "--steps", "2"],
+              ROOT).stdout
+    evaluation = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())["test"]
+    assert re.search(r"budget: 2 steps; SFT continued 2 steps in [\d.]+ min \(lr [\d.e-]+, constant, batch \d+\)", out)
+    found = re.search(r"test accuracy \((\d+) images, greedy\): warm start ([\d.]+), \+ GRPO ([\d.]+), "
+                      r"\+ more SFT ([\d.]+)", out)
+    assert found, out
+    assert int(found[1]) == evaluation["base"]["samples"]
+    assert float(found[2]) == round(evaluation["base"]["accuracy"], 3)
+    assert float(found[3]) == round(evaluation["trained"]["accuracy"], 3)
+    assert 0 <= float(found[4]) <= 1

@@ -427,6 +427,7 @@ def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tiny_base, 
     max_new_tokens = tiny_config().train.max_completion_length
     assert 4 <= metrics["rollout_sampling_calls"]["inverse_cdf"] <= 4 * max_new_tokens
     assert metrics["rollout_sampling_calls"]["torch"] == 0
+    assert metrics["rollout_sampler"] == "inverse_cdf"
     curves = tmp_path / "reports" / "plots" / "metrics" / "train"
     for curve in ["reward.tsv", "rewards/correctness_tags/mean.tsv", "rewards/format_tags/mean.tsv", "kl.tsv",
                   "completions/mean_length.tsv", "loss.tsv", "learning_rate.tsv"]:

@@ -94,3 +94,19 @@ def test_the_base_stage_trainer_smooths_the_answer_when_asked(tiny_model_dir, ti
             losses.append(trainer.compute_loss(net, batch).item())
     # the random model spreads its mass evenly, so one position in ~30 moves the mean loss by ~1e-3
     assert losses[0] == losses[1] and abs(losses[2] - losses[0]) > 1e-4, losses
+
+
+def test_the_warm_start_dataset_leaves_generates_output_as_it_was(tiny_dataset, tmp_path):
+    """A datasets cache file written into data/shapes would make DVC rerun the pipeline from `base` on
+    the next `dvc repro` (it did, whenever the warm start was not cached yet)."""
+    import shutil
+
+    from vgrpo.config import WARMUP
+    from vgrpo.shapes import dataset_colours, load_dataset
+    from vgrpo.warm_start import sft_dataset
+
+    data = shutil.copytree(tiny_dataset, tmp_path / "shapes")
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    examples = sft_dataset(load_dataset(data, splits=(WARMUP,))[WARMUP], dataset_colours(data))
+    assert len(examples) > 0 and examples[0]["completion"][0]["content"].startswith("<REASONING>")
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before

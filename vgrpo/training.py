@@ -299,7 +299,8 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
         "resumed_from": Path(resume_from).name if resume_from else None,
         "seconds": round(seconds, 1),
         "seconds_per_step": round(seconds / max(1, trainer.state.global_step), 2),
-        "rollout_sampling_calls": dict(sampling_calls),  # vgrpo/sampling.py: which sampler drew the tokens
+        "rollout_sampler": "torch" if cuda else "inverse_cdf",  # vgrpo/sampling.py
+        "rollout_sampling_calls": dict(sampling_calls),  # counted on a CPU only: {} on CUDA
         "trainable_parameters": trainable,
         "prompt_tokens": prompt_tokens,
         "final_reward": history[-1]["reward"] if history else None,

@@ -37,7 +37,9 @@ def sft_dataset(warmup, colours: dict[str, str]):
         answer = reference_answer(row["counts"], colours, row["target_shape"])
         return {"completion": [{"role": "assistant", "content": answer}]}
 
-    return warmup.map(to_example).select_columns(["image", "prompt", "completion"])
+    # in memory: a cache file written next to the split would change `generate`'s output, and DVC
+    # would then rerun the whole pipeline on the next `dvc repro`
+    return warmup.map(to_example, keep_in_memory=True).select_columns(["image", "prompt", "completion"])
 
 
 def sft_config(params: BaseParams, output_dir: Path):
