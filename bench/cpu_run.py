@@ -30,9 +30,14 @@ from pipeline import environment, make_clone  # bench/pipeline.py: the same thro
 STAGES = ("generate", "base", "train", "evaluate", "export", "smoke", "card")
 
 
+def exp_run_command(settings: tuple[str, ...] = ()) -> list[str]:
+    """`dvc exp run -S profile=cpu [-S setting ...]` as argv."""
+    return ["dvc", "exp", "run", "-S", "profile=cpu"] + [arg for setting in settings for arg in ("-S", setting)]
+
+
 def timed_run(repo: Path, settings: tuple[str, ...] = ()) -> tuple[dict[str, float], float, str]:
-    """`dvc exp run -S profile=cpu [-S setting ...]`, timing each stage from the moment DVC announces it."""
-    command = ["dvc", "exp", "run", "-S", "profile=cpu"] + [arg for setting in settings for arg in ("-S", setting)]
+    """`exp_run_command(settings)`, timing each stage from the moment DVC announces it."""
+    command = exp_run_command(settings)
     process = subprocess.Popen(command, cwd=repo, env=environment(repo),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     start = time.perf_counter()
@@ -78,8 +83,7 @@ def report(repo: Path, seconds: dict[str, float], total: float, settings: tuple[
     train = read(repo, "reports/train/metrics.json")
     evaluation = read(repo, "reports/eval/metrics.json")
     smoke = read(repo, "reports/smoke/metrics.json")
-    command = " ".join(["dvc exp run -S profile=cpu", *(f"-S {setting}" for setting in settings)])
-    print(f"\nwall time, {command}: {total / 60:.1f} min; peak RSS "
+    print(f"\nwall time, {' '.join(exp_run_command(settings))}: {total / 60:.1f} min; peak RSS "
           f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GB")
     for name in STAGES:
         print(f"  {name:<9} {seconds.get(name, 0) / 60:5.1f} min")

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from vgrpo.config import ConfigError
 from vgrpo.prompts import reference_answer
 from vgrpo.warm_start import answer_number_ids, answer_number_mask, smoothed_cross_entropy, solution_tags
 
@@ -34,7 +35,7 @@ def test_the_mask_holds_exactly_the_answers_number(tokenizer, counts, asked):
 
 def test_an_answer_without_solution_tags_is_named(tokenizer):
     row = labels_of(tokenizer, "<REASONING>2 red triangles</REASONING>3")
-    with pytest.raises(ValueError, match="base.answer_smoothing"):
+    with pytest.raises(ConfigError, match="base.answer_smoothing"):
         answer_number_mask(torch.tensor([row]), solution_tags(tokenizer))
 
 
@@ -42,7 +43,7 @@ def test_number_ids_are_one_token_each(tokenizer):
     answers = [reference_answer({"triangles": n, "circles": 1, "squares": 1}, COLOURS, "triangles") for n in (1, 5, 3)]
     ids = answer_number_ids(tokenizer, answers)
     assert [tokenizer.decode([i]) for i in ids] == ["1", "3", "5"]
-    with pytest.raises(ValueError, match="not one token each"):
+    with pytest.raises(ConfigError, match="not one token each"):
         answer_number_ids(tokenizer, [answers[0].replace(">1<", ">12<")])
 
 

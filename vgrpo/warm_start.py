@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from trl import SFTTrainer
 
-from vgrpo.config import WARMUP, BaseParams, ModelParams
+from vgrpo.config import WARMUP, BaseParams, ConfigError, ModelParams
 from vgrpo.files import atomic_dir, write_json
 from vgrpo.prompts import REASONING_END, SOLUTION_END, SOLUTION_START, parse_answer, reference_answer
 from vgrpo.vendor import cache_dir
@@ -132,11 +132,12 @@ def answer_number_mask(labels: torch.Tensor, tags: tuple[list[int], list[int]]) 
     opening, closing = tags
     mask = torch.zeros_like(labels, dtype=torch.bool)
     for row, row_mask in zip(labels.tolist(), mask, strict=True):
-        starts = [i + len(opening) for i in range(len(row)) if row[i:i + len(opening)] == opening]
-        ends = [i for i in range(starts[0], len(row)) if row[i:i + len(closing)] == closing] if starts else []
-        if not ends:
-            raise ValueError("base.answer_smoothing: a tokenized warm-up answer has no <SOLUTION>...</SOLUTION>")
-        row_mask[starts[0]:ends[0]] = True
+        start = next((i + len(opening) for i in range(len(row)) if row[i:i + len(opening)] == opening), None)
+        end = None if start is None else next(
+            (i for i in range(start, len(row)) if row[i:i + len(closing)] == closing), None)
+        if end is None:
+            raise ConfigError("base.answer_smoothing: a tokenized warm-up answer has no <SOLUTION>...</SOLUTION>")
+        row_mask[start:end] = True
     return mask
 
 
@@ -145,7 +146,7 @@ def answer_number_ids(tokenizer, answers) -> list[int]:
     numbers = {parse_answer(text) for text in answers}
     ids = [tokenizer(str(n), add_special_tokens=False)["input_ids"] for n in sorted(numbers)]
     if any(len(one) != 1 for one in ids):
-        raise ValueError(f"base.answer_smoothing: the answers {sorted(numbers)} are not one token each")
+        raise ConfigError(f"base.answer_smoothing: the answers {sorted(numbers)} are not one token each")
     return [one[0] for one in ids]
 
 
@@ -166,8 +167,12 @@ def sft_trainer(net, processor, params: BaseParams, train_dataset, output_dir: P
         return SFTTrainer(**common)
     tokenizer = processor.tokenizer
     answers = [turn[0]["content"] for turn in train_dataset["completion"]]
-    smoothing = dict(answer_smoothing=params.answer_smoothing, answer_numbers=answer_number_ids(tokenizer, answers),
-                     solution_tags=solution_tags(tokenizer)) if params.answer_smoothing else {}
+    smoothing = {}
+    if params.answer_smoothing:  # fail here, not at the first step, when the answers cannot be smoothed
+        tags = solution_tags(tokenizer)
+        answer_number_mask(torch.tensor([tokenizer(answers[0], add_special_tokens=False)["input_ids"]]), tags)
+        smoothing = dict(answer_smoothing=params.answer_smoothing, solution_tags=tags,
+                         answer_numbers=answer_number_ids(tokenizer, answers))
     return SampledSoftmaxSFTTrainer(**common, negatives=params.sampled_negatives,
                                     answer_token_ids=answer_token_ids(tokenizer, answers), **smoothing)
 
