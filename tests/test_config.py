@@ -83,6 +83,8 @@ BAD_INPUTS = [
      "params.yaml: base.answer_smoothing: expected a number >= 0 and <= 1, got 1.5"),
     ("answer smoothing without the sampled softmax", lambda r: set_key(r, "base.answer_smoothing", 0.5),
      "params.yaml: base.answer_smoothing: is computed in the sampled-softmax loss: set base.sampled_negatives > 0"),
+    ("no warm-up answer described", lambda r: set_key(r, "base.described_share", 0),
+     "params.yaml: base.described_share: expected a number > 0 and <= 1, got 0"),
 ]
 
 

@@ -1,10 +1,12 @@
-"""The warm start's label smoothing of the answer's number (`base.answer_smoothing`)."""
+"""The warm start's data and loss: its answer styles (`base.described_share`) and the label smoothing
+of the answer's number (`base.answer_smoothing`)."""
 
 import pytest
 import torch
 
 from vgrpo.config import ConfigError
-from vgrpo.prompts import reference_answer
+from vgrpo.prompts import brief_answer, parse_answer, reasoning_text, reference_answer
+from vgrpo.rewards import REWARDS, stated_count
 from vgrpo.warm_start import answer_number_ids, answer_number_mask, smoothed_cross_entropy, solution_tags
 
 COLOURS = {"triangles": "red", "circles": "blue", "squares": "green"}
@@ -111,3 +113,35 @@ def test_the_warm_start_dataset_leaves_generates_output_as_it_was(tiny_dataset, 
     examples = sft_dataset(load_dataset(data, splits=(WARMUP,))[WARMUP], dataset_colours(data))
     assert len(examples) > 0 and examples[0]["completion"][0]["content"].startswith("<REASONING>")
     assert sorted(p.relative_to(data) for p in data.rglob("*")) == before
+
+
+def test_a_brief_answer_is_well_formed_and_right_but_states_no_count():
+    counts = {"triangles": 2, "circles": 3, "squares": 1}
+    answer = brief_answer(counts, COLOURS, "circles")
+    assert REWARDS["format_tags"]([answer]) == [1.0] and parse_answer(answer) == 3
+    assert stated_count(reasoning_text(answer), "circles") is None
+    assert REWARDS["correctness_tags"]([answer], answer=["3"]) == REWARDS["correctness_tags"](
+        [reference_answer(counts, COLOURS, "circles")], answer=["3"])
+
+
+def test_described_share_picks_each_answers_style_by_seed(tiny_dataset):
+    """The share of described answers is drawn per image with base.seed: the same seed gives the same
+    answers, and share 1.0 gives the reference answers only (the warm start as before the knob)."""
+    from vgrpo.config import WARMUP
+    from vgrpo.shapes import dataset_colours, load_dataset
+    from vgrpo.warm_start import sft_dataset
+
+    warmup, colours = load_dataset(tiny_dataset, splits=(WARMUP,))[WARMUP], dataset_colours(tiny_dataset)
+    expected = [reference_answer(row["counts"], colours, row["target_shape"]) for row in warmup]
+
+    def answers(share, seed):
+        return [turn[0]["content"] for turn in sft_dataset(warmup, colours, share, seed)["completion"]]
+
+    assert answers(1.0, 0) == expected
+    half = answers(0.5, 0)
+    described = [a == e for a, e in zip(half, expected, strict=True)]
+    assert 0.35 < sum(described) / len(half) < 0.65, sum(described)
+    briefs = [row for row, d in zip(warmup, described, strict=True) if not d]
+    assert [a for a, d in zip(half, described, strict=True) if not d] == [
+        brief_answer(row["counts"], colours, row["target_shape"]) for row in briefs]
+    assert answers(0.5, 0) == half and answers(0.5, 1) != half

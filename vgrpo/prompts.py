@@ -60,6 +60,13 @@ def reference_answer(counts: dict[str, int], colours: dict[str, str], asked: str
     return f"{REASONING_START}{seen}{REASONING_END}{SOLUTION_START}{counts[asked]}{SOLUTION_END}"
 
 
+def brief_answer(counts: dict[str, int], colours: dict[str, str], asked: str) -> str:
+    """A well-formed answer that names what it counts but states no count before the answer: the
+    warm start's other style (`base.described_share`), which the tiny model cannot answer well."""
+    return (f"{REASONING_START}I count the {colours[asked]} {asked}.{REASONING_END}"
+            f"{SOLUTION_START}{counts[asked]}{SOLUTION_END}")
+
+
 def parse_answer(completion: str) -> int | None:
     """The answer a completion gives: the integer in its single `<SOLUTION>` block, else the last
     integer anywhere in it, else None. Evaluation accuracy uses this rule."""

@@ -18,28 +18,33 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from trl import SFTTrainer
 
 from vgrpo.config import WARMUP, BaseParams, ConfigError, ModelParams
 from vgrpo.files import atomic_dir, write_json
-from vgrpo.prompts import REASONING_END, SOLUTION_END, SOLUTION_START, parse_answer, reference_answer
+from vgrpo.prompts import REASONING_END, SOLUTION_END, SOLUTION_START, brief_answer, parse_answer, reference_answer
 from vgrpo.vendor import cache_dir
 
 RECIPE_VERSION = 3  # bump when the code below changes what a given recipe produces
 
 
-def sft_dataset(warmup, colours: dict[str, str]):
+def sft_dataset(warmup, colours: dict[str, str], described_share: float = 1.0, seed: int = 0):
     """The `warmup` split as TRL's prompt-completion vision format: the image, the product's prompt
-    (a user turn), and the reference answer (an assistant turn)."""
-    def to_example(row):
-        answer = reference_answer(row["counts"], colours, row["target_shape"])
-        return {"completion": [{"role": "assistant", "content": answer}]}
+    (a user turn), and the reference answer (an assistant turn). With `described_share` < 1, that
+    share of the answers (drawn with `seed`) states the three counts and the others are brief."""
+    described = np.random.default_rng(seed).random(len(warmup)) < described_share
+
+    def to_example(row, index):
+        style = reference_answer if described[index] else brief_answer
+        return {"completion": [{"role": "assistant", "content": style(row["counts"], colours, row["target_shape"])}]}
 
     # in memory: a cache file written next to the split would change `generate`'s output, and DVC
     # would then rerun the whole pipeline on the next `dvc repro`
-    return warmup.map(to_example, keep_in_memory=True).select_columns(["image", "prompt", "completion"])
+    return (warmup.map(to_example, with_indices=True, keep_in_memory=True)
+            .select_columns(["image", "prompt", "completion"]))
 
 
 def sft_config(params: BaseParams, output_dir: Path):
@@ -227,7 +232,8 @@ def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, d
     if params.freeze_embeddings:
         net.get_input_embeddings().weight.requires_grad_(False)
     live = Live(str(reports_dir), dvcyaml=None, save_dvc_exp=False, report=None)
-    trainer = sft_trainer(net, processor, params, sft_dataset(dataset[WARMUP], colours), out_dir / "trainer",
+    examples = sft_dataset(dataset[WARMUP], colours, params.described_share, params.seed)
+    trainer = sft_trainer(net, processor, params, examples, out_dir / "trainer",
                           callbacks=[LiveCurves(live, prefix="sft")])
     start = time.perf_counter()
     trainer.train()
