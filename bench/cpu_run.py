@@ -116,9 +116,9 @@ def report(repo: Path, seconds: dict[str, float], total: float, settings: tuple[
         counts = m["trained"]["accuracy_by_count"]
         print("       by count, base -> trained: " + ", ".join(
             f"{c}: {m['base']['accuracy_by_count'][c]:.2f}->{counts[c]:.2f}" for c in counts))
-        print("       reasoning states the right count / answer repeats it, base -> trained: "
-              f"{m['base']['reasoning_count_accuracy']:.3f} -> {m['trained']['reasoning_count_accuracy']:.3f} / "
-              f"{m['base']['answer_matches_reasoning']:.3f} -> {m['trained']['answer_matches_reasoning']:.3f}")
+        print("       reasoning states a count / the right count / answer repeats it, base -> trained: " + " / ".join(
+            f"{m['base'][key]:.3f} -> {m['trained'][key]:.3f}"
+            for key in ("count_stated_rate", "reasoning_count_accuracy", "answer_matches_reasoning")))
     answers = answers_given(repo, "test")
     print("test answers given, base -> trained: " + ", ".join(
         f"{value}: {answers['base'].get(value, 0)}->{answers['trained'].get(value, 0)}"

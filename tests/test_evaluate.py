@@ -16,7 +16,7 @@ from vgrpo.config import config_from_dict
 
 PER_MODEL = ["samples", "accuracy", "accuracy_ci95", "format_compliance", "description_rate", "unparseable_rate",
              "mean_reasoning_tokens", "rewards", "accuracy_by_shape", "accuracy_by_count", "attention_on_image",
-             "attention_samples", "reasoning_count_accuracy", "answer_matches_reasoning"]
+             "attention_samples", "count_stated_rate", "reasoning_count_accuracy", "answer_matches_reasoning"]
 
 
 # --- Scoring, without a model ------------------------------------------------------------------
@@ -36,6 +36,7 @@ def test_summary_numbers():
     # counted right twice (3, 3); the answer repeats the stated count once (3), not when it differs
     # (3 -> 2), nor when the reasoning states none (None), nor when it states another (6 -> 7)
     assert summary["reasoning_count_accuracy"] == 0.5 and summary["answer_matches_reasoning"] == 0.25
+    assert summary["count_stated_rate"] == 0.75  # the third states no count
     assert summary["accuracy"] == 0.5 and summary["samples"] == 4
     assert summary["unparseable_rate"] == 0.25 and summary["format_compliance"] == 0.25
     assert summary["description_rate"] == 0.25 and summary["mean_reasoning_tokens"] == 17.5

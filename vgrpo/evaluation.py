@@ -167,8 +167,9 @@ def summarize(records: list[dict], params: EvaluateParams) -> dict:
         "unparseable_rate": _mean([r["parsed"] is None for r in records]),
         "mean_reasoning_tokens": _mean([r["reasoning_tokens"] for r in records]),
         "rewards": {name: _mean([r["rewards"][name] for r in records]) for name in REWARDS},
-        # Where a wrong answer goes wrong: counting (the reasoning states the wrong number), or answering
-        # (the reasoning states the right one, and the answer does not repeat it).
+        # Where a wrong answer goes wrong: no count stated before the answer, counting (the reasoning states
+        # the wrong number), or answering (the reasoning states the right one, and the answer does not repeat it).
+        "count_stated_rate": _mean([r["reasoning_count"] is not None for r in records]),
         "reasoning_count_accuracy": _mean([r["reasoning_count"] == int(r["answer"]) for r in records]),
         "answer_matches_reasoning": _mean([r["reasoning_count"] is not None and r["parsed"] == r["reasoning_count"]
                                            for r in records]),
