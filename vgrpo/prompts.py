@@ -62,7 +62,8 @@ def reference_answer(counts: dict[str, int], colours: dict[str, str], asked: str
 
 def brief_answer(counts: dict[str, int], colours: dict[str, str], asked: str) -> str:
     """A well-formed answer that names what it counts but states no count before the answer: the
-    warm start's other style (`base.described_share`), which the tiny model cannot answer well."""
+    warm start's other style (`base.described_share`). The tiny model learns to answer it right more
+    slowly than the described one, whose stated counts it can copy."""
     return (f"{REASONING_START}I count the {colours[asked]} {asked}.{REASONING_END}"
             f"{SOLUTION_START}{counts[asked]}{SOLUTION_END}")
 
