@@ -1,0 +1,68 @@
+"""How much of the cpu run's GRPO gain is the choice of answer style. The cpu profile's warm start
+knows two styles (`base.described_share`): described (all three counts, then the answer) and brief
+("I count the blue circles.", then the answer). This answers the test images greedily with the warm
+start and with the trained (merged) model twice: as they come, and with the brief style's first token
+forbidden, so that greedy decoding must describe.
+
+    .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # first: a cpu run
+    .venv/bin/python bench/answer_styles.py --repo /tmp/cpu-run
+
+Prints, for each model and each way: test accuracy and the share of brief answers.
+"""
+
+import sys
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vgrpo.base import base_model_path  # noqa: E402
+from vgrpo.config import load_config  # noqa: E402
+from vgrpo.evaluation import batch_inputs  # noqa: E402
+from vgrpo.models import load_model, load_processor  # noqa: E402
+from vgrpo.prompts import brief_answer, parse_answer, reference_answer  # noqa: E402
+from vgrpo.shapes import load_dataset  # noqa: E402
+
+COUNTS = {"triangles": 2, "circles": 3, "squares": 1}  # any image: the styles differ in words, not in counts
+COLOURS = {"triangles": "red", "circles": "blue", "squares": "green"}
+
+
+def brief_style_token(tokenizer) -> int:
+    """The first token where a brief answer departs from a described one."""
+    brief = tokenizer(brief_answer(COUNTS, COLOURS, "circles"), add_special_tokens=False)["input_ids"]
+    described = tokenizer(reference_answer(COUNTS, COLOURS, "circles"), add_special_tokens=False)["input_ids"]
+    return next(b for b, d in zip(brief, described, strict=False) if b != d)
+
+
+def greedy_texts(net, processor, rows, max_new_tokens: int, forbidden: list[list[int]] | None) -> list[str]:
+    texts = []
+    for begin in range(0, len(rows), 16):
+        inputs = batch_inputs(processor, rows[begin:begin + 16], net.device)
+        output = net.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, bad_words_ids=forbidden)
+        texts += processor.tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    return texts
+
+
+@click.command()
+@click.option("--repo", type=click.Path(path_type=Path, exists=True), required=True,
+              help="A repo where `dvc exp run -S profile=cpu` ran (bench/cpu_run.py --keep).")
+def main(repo: Path) -> None:
+    config = load_config(repo / "params.yaml")
+    test = load_dataset(repo / "data/shapes", splits=("test",))["test"]
+    rows = [test[i] for i in range(min(config.evaluate.max_samples["test"], len(test)))]
+    for name, path in (("warm start", base_model_path(repo / "models/base")), ("trained", repo / "models/merged")):
+        processor = load_processor(path, config.model)
+        net = load_model(path, "float32").eval()
+        brief_token = brief_style_token(processor.tokenizer)
+        for way, forbidden in (("as it answers", None), ("brief style forbidden", [[brief_token]])):
+            texts = greedy_texts(net, processor, rows, config.evaluate.max_new_tokens, forbidden)
+            right = sum(parse_answer(t) == int(r["answer"]) for t, r in zip(texts, rows, strict=True))
+            brief = sum(brief_token in processor.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts)
+            print(f"{name:10s} {way:22s} test accuracy {right / len(rows):.3f} ({len(rows)} images), "
+                  f"brief answers {brief / len(rows):.3f}")
+
+
+if __name__ == "__main__":
+    main()
