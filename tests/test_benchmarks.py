@@ -51,3 +51,30 @@ def test_sft_control_continues_the_warm_start_and_answers_the_test_images(tiny_p
     assert float(found[2]) == round(evaluation["base"]["accuracy"], 3)
     assert float(found[3]) == round(evaluation["trained"]["accuracy"], 3)
     assert 0 <= float(found[4]) <= 1
+
+
+def test_answer_styles_answers_as_it_comes_and_with_the_brief_style_forbidden(tiny_pipeline):
+    """`bench/answer_styles.py` on a finished run: both models, both ways, on the test images evaluate used;
+    with the brief style's first token forbidden no answer is brief."""
+    import json
+
+    out = run(["python", str(ROOT / "bench/answer_styles.py"), "--repo", str(tiny_pipeline)], ROOT).stdout
+    samples = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())["test"]["base"]["samples"]
+    lines = re.findall(r"^(warm start|trained) +(as it answers|brief style forbidden) +test accuracy ([\d.]+) "
+                       r"\((\d+) images\), brief answers ([\d.]+)$", out, flags=re.MULTILINE)
+    assert [(model, way) for model, way, *_ in lines] == [(m, w) for m in ("warm start", "trained")
+                                                         for w in ("as it answers", "brief style forbidden")], out
+    assert all(int(n) == samples and 0 <= float(accuracy) <= 1 for _, _, accuracy, n, _ in lines)
+    assert [brief for _, way, _, _, brief in lines if way == "brief style forbidden"] == ["0.000", "0.000"]
+
+
+def test_the_brief_style_token_is_where_a_brief_answer_leaves_the_described_one(tiny_model_dir):
+    import sys
+
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from answer_styles import brief_style_token
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert tokenizer.decode([brief_style_token(tokenizer)]) == ">I"  # "<REASONING>I count" vs "<REASONING>2 red"
