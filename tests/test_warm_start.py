@@ -145,3 +145,30 @@ def test_described_share_picks_each_answers_style_by_seed(tiny_dataset):
     assert [a for a, d in zip(half, described, strict=True) if not d] == [
         brief_answer(row["counts"], colours, row["target_shape"]) for row in briefs]
     assert answers(0.5, 0) == half and answers(0.5, 1) != half
+
+
+def test_the_warm_start_is_the_same_bytes_whatever_the_thread_count(tiny_model_dir, tiny_dataset, tmp_path,
+                                                                     monkeypatch):
+    """A fresh machine builds the cached warm start again: on 1 thread or 2 it must get the same weights
+    (on 2 threads, without `one_thread`, the cpu profile's warm start came out another model)."""
+    import hashlib
+    import shutil
+
+    from conftest import tiny_config
+
+    from vgrpo.warm_start import warm_start
+
+    config = tiny_config()
+    digests = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            monkeypatch.setenv("VGRPO_CACHE", str(tmp_path / f"cache-{n}"))  # nothing cached: build it
+            model_dir = shutil.copytree(tiny_model_dir, tmp_path / f"model-{n}")
+            torch.set_num_threads(n)
+            warm_start(model_dir, config.model, config.base, tiny_dataset, tmp_path / f"reports-{n}", log=print)
+            assert torch.get_num_threads() == n  # given back as it was
+            digests.append(hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest())
+    finally:
+        torch.set_num_threads(threads)
+    assert config.base.sft_steps > 0 and digests[0] == digests[1]
