@@ -219,9 +219,10 @@ def warm_start(model_dir: Path, model: ModelParams, params: BaseParams, data_dir
 
 @contextmanager
 def one_thread():
-    """Torch on one thread while the warm start trains. Its float sums then run in one order on any
-    machine, so the recipe gives the same weights on 2 cores or 16 (on 2 threads the cpu profile's warm
-    start came out different: val 82.8% instead of 70.3%). It costs time once; the result is cached."""
+    """Torch on one thread while the warm start trains. Its float sums then run in one order whatever
+    the core count, so a recipe gives the same weights on a CPU of 2 cores or 16 of the same kind (on 2
+    threads the cpu profile's warm start came out another: val 82.8% instead of 70.3%). It costs time
+    once; the result is cached."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
