@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from vgrpo.base import base_model_path  # noqa: E402
 from vgrpo.config import load_config  # noqa: E402
-from vgrpo.evaluation import batch_inputs  # noqa: E402
+from vgrpo.evaluation import completion_texts  # noqa: E402
 from vgrpo.models import load_model, load_processor  # noqa: E402
 from vgrpo.prompts import brief_answer, parse_answer, reference_answer  # noqa: E402
 from vgrpo.shapes import load_dataset  # noqa: E402
@@ -36,15 +36,6 @@ def brief_style_token(tokenizer) -> int:
     return next(b for b, d in zip(brief, described, strict=False) if b != d)
 
 
-def greedy_texts(net, processor, rows, max_new_tokens: int, forbidden: list[list[int]] | None) -> list[str]:
-    texts = []
-    for begin in range(0, len(rows), 16):
-        inputs = batch_inputs(processor, rows[begin:begin + 16], net.device)
-        output = net.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, bad_words_ids=forbidden)
-        texts += processor.tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-    return texts
-
-
 @click.command()
 @click.option("--repo", type=click.Path(path_type=Path, exists=True), required=True,
               help="A repo where `dvc exp run -S profile=cpu` ran (bench/cpu_run.py --keep).")
@@ -57,7 +48,7 @@ def main(repo: Path) -> None:
         net = load_model(path, "float32").eval()
         brief_token = brief_style_token(processor.tokenizer)
         for way, forbidden in (("as it answers", None), ("brief style forbidden", [[brief_token]])):
-            texts = greedy_texts(net, processor, rows, config.evaluate.max_new_tokens, forbidden)
+            texts = completion_texts(net, processor, rows, config.evaluate.max_new_tokens, bad_words_ids=forbidden)
             right = sum(parse_answer(t) == int(r["answer"]) for t, r in zip(texts, rows, strict=True))
             brief = sum(brief_token in processor.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts)
             print(f"{name:10s} {way:22s} test accuracy {right / len(rows):.3f} ({len(rows)} images), "

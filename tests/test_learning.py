@@ -22,7 +22,7 @@ import torch
 from conftest import load_params, lora_model, stage, tiny_config, write_params
 
 from vgrpo.config import config_from_dict
-from vgrpo.evaluation import generate, score
+from vgrpo.evaluation import completion_texts, score
 from vgrpo.rewards import REWARDS, reward_functions
 from vgrpo.sampling import inverse_cdf_sampling
 from vgrpo.shapes import load_dataset
@@ -76,12 +76,9 @@ def expected_rewards(model, processor, rows, samples: int, temperature: float, s
     """Each reward's mean over `samples` answers per row, sampled with a fixed seed: the policy's
     expected reward on those prompts, measured with far less noise than one step's."""
     rows = [row for row in rows for _ in range(samples)]
-    texts = []
     torch.manual_seed(seed)
     with inverse_cdf_sampling():
-        for begin in range(0, len(rows), 16):
-            ids = generate(model, processor, rows[begin:begin + 16], 40, do_sample=True, temperature=temperature)
-            texts += processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        texts = completion_texts(model, processor, rows, 40, do_sample=True, temperature=temperature)
     answers = [row["answer"] for row in rows]
     return {name: sum(REWARDS[name](texts, answer=answers)) / len(texts)
             for name in ("correctness_tags", "format_tags")}
@@ -89,10 +86,7 @@ def expected_rewards(model, processor, rows, samples: int, temperature: float, s
 
 def greedy_answers(model, processor, rows) -> dict[str, float]:
     """Greedy accuracy on `rows`, and how often the reasoning states the asked shape's count."""
-    texts = []
-    for begin in range(0, len(rows), 16):
-        ids = generate(model, processor, rows[begin:begin + 16], 40)
-        texts += processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
+    texts = completion_texts(model, processor, rows, 40)
     records = score(rows, texts, processor.tokenizer)
     return {"accuracy": sum(r["correct"] for r in records) / len(records),
             "count_stated": sum(r["reasoning_count"] is not None for r in records) / len(records)}
