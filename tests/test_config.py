@@ -85,6 +85,8 @@ BAD_INPUTS = [
      "params.yaml: base.answer_smoothing: is computed in the sampled-softmax loss: set base.sampled_negatives > 0"),
     ("no warm-up answer described", lambda r: set_key(r, "base.described_share", 0),
      "params.yaml: base.described_share: expected a number > 0 and <= 1, got 0"),
+    ("brief answers neither right nor guessed", lambda r: set_key(r, "base.brief_answers", "wrong"),
+     "params.yaml: base.brief_answers: expected one of right, guessed, got 'wrong'"),
 ]
 
 

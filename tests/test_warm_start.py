@@ -172,3 +172,29 @@ def test_the_warm_start_is_the_same_bytes_whatever_the_thread_count(tiny_model_d
     finally:
         torch.set_num_threads(threads)
     assert config.base.sft_steps > 0 and digests[0] == digests[1]
+
+
+def test_guessed_brief_answers_are_random_counts_and_leave_the_described_ones(tiny_dataset):
+    """`brief_answers: guessed` changes only the brief answers' number: drawn with the seed, spread over
+    the split's counts, and not the image's count more often than a guess would be."""
+    from vgrpo.config import WARMUP
+    from vgrpo.shapes import dataset_colours, load_dataset
+    from vgrpo.warm_start import sft_dataset
+
+    warmup, colours = load_dataset(tiny_dataset, splits=(WARMUP,))[WARMUP], dataset_colours(tiny_dataset)
+
+    def answers(brief_answers, seed=0):
+        return [turn[0]["content"] for turn in sft_dataset(warmup, colours, 0.5, seed, brief_answers)["completion"]]
+
+    right, guessed = answers("right"), answers("guessed")
+    described = [a == reference_answer(row["counts"], colours, row["target_shape"])
+                 for a, row in zip(right, warmup, strict=True)]
+    assert [g for g, d in zip(guessed, described, strict=True) if d] == [
+        r for r, d in zip(right, described, strict=True) if d]
+    briefs = [(parse_answer(g), row) for g, d, row in zip(guessed, described, warmup, strict=True) if not d]
+    assert [g for g, d in zip(guessed, described, strict=True) if not d] == [
+        brief_answer({row["target_shape"]: n}, colours, row["target_shape"]) for n, row in briefs]
+    counts = {int(a) for a in warmup["answer"]}
+    assert {n for n, _ in briefs} == counts
+    assert sum(n == int(row["answer"]) for n, row in briefs) / len(briefs) < 1.5 / len(counts)
+    assert answers("guessed") == guessed and answers("guessed", seed=1) != guessed

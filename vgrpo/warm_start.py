@@ -32,15 +32,25 @@ from vgrpo.vendor import cache_dir
 RECIPE_VERSION = 4  # bump when the code below changes what a given recipe produces (4: built on one thread)
 
 
-def sft_dataset(warmup, colours: dict[str, str], described_share: float = 1.0, seed: int = 0):
+def sft_dataset(warmup, colours: dict[str, str], described_share: float = 1.0, seed: int = 0,
+                brief_answers: str = "right"):
     """The `warmup` split as TRL's prompt-completion vision format: the image, the product's prompt
     (a user turn), and the reference answer (an assistant turn). With `described_share` < 1, that
-    share of the answers (drawn with `seed`) states the three counts and the others are brief."""
+    share of the answers (drawn with `seed`) states the three counts and the others are brief; with
+    `brief_answers: guessed` a brief answer's number is drawn uniformly from the split's smallest to
+    largest count (with `seed` + 1), so that the brief style is a guess whatever CPU trains it."""
     described = np.random.default_rng(seed).random(len(warmup)) < described_share
+    counts = [int(answer) for answer in warmup["answer"]]
+    guesses = np.random.default_rng(seed + 1).integers(min(counts), max(counts) + 1, len(warmup))
 
     def to_example(row, index):
-        style = reference_answer if described[index] else brief_answer
-        return {"completion": [{"role": "assistant", "content": style(row["counts"], colours, row["target_shape"])}]}
+        if described[index]:
+            text = reference_answer(row["counts"], colours, row["target_shape"])
+        elif brief_answers == "guessed":
+            text = brief_answer({row["target_shape"]: int(guesses[index])}, colours, row["target_shape"])
+        else:
+            text = brief_answer(row["counts"], colours, row["target_shape"])
+        return {"completion": [{"role": "assistant", "content": text}]}
 
     # in memory: a cache file written next to the split would change `generate`'s output, and DVC
     # would then rerun the whole pipeline on the next `dvc repro`
@@ -247,7 +257,7 @@ def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, d
     if params.freeze_embeddings:
         net.get_input_embeddings().weight.requires_grad_(False)
     live = Live(str(reports_dir), dvcyaml=None, save_dvc_exp=False, report=None)
-    examples = sft_dataset(dataset[WARMUP], colours, params.described_share, params.seed)
+    examples = sft_dataset(dataset[WARMUP], colours, params.described_share, params.seed, params.brief_answers)
     trainer = sft_trainer(net, processor, params, examples, out_dir / "trainer",
                           callbacks=[LiveCurves(live, prefix="sft")])
     start = time.perf_counter()
