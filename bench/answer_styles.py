@@ -2,25 +2,28 @@
 knows two styles (`base.described_share`): described (all three counts, then the answer) and brief
 ("I count the blue circles.", then the answer). This answers the test images greedily with the warm
 start and with the trained (merged) model twice: as they come, and with the brief style's first token
-forbidden, so that greedy decoding must describe.
+forbidden, so that greedy decoding must describe. It also measures how strongly each model prefers the
+brief style: the probability of that first token, teacher-forced, right where the two styles part.
 
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # first: a cpu run
     .venv/bin/python bench/answer_styles.py --repo /tmp/cpu-run
 
-Prints, for each model and each way: test accuracy and the share of brief answers.
+Prints, for each model: the brief style's first-token probability (mean, min, max over the images),
+then for each way: test accuracy and the share of brief answers.
 """
 
 import sys
 from pathlib import Path
 
 import click
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vgrpo.base import base_model_path  # noqa: E402
 from vgrpo.config import load_config  # noqa: E402
-from vgrpo.evaluation import completion_texts  # noqa: E402
+from vgrpo.evaluation import batch_inputs, completion_texts  # noqa: E402
 from vgrpo.models import load_model, load_processor  # noqa: E402
 from vgrpo.prompts import brief_answer, parse_answer, reference_answer  # noqa: E402
 from vgrpo.shapes import load_dataset  # noqa: E402
@@ -29,11 +32,30 @@ COUNTS = {"triangles": 2, "circles": 3, "squares": 1}  # any image: the styles d
 COLOURS = {"triangles": "red", "circles": "blue", "squares": "green"}
 
 
-def brief_style_token(tokenizer) -> int:
-    """The first token where a brief answer departs from a described one."""
+def style_fork(tokenizer) -> tuple[list[int], int]:
+    """The tokens both answer styles begin with, and the first token of the brief one after them."""
     brief = tokenizer(brief_answer(COUNTS, COLOURS, "circles"), add_special_tokens=False)["input_ids"]
     described = tokenizer(reference_answer(COUNTS, COLOURS, "circles"), add_special_tokens=False)["input_ids"]
-    return next(b for b, d in zip(brief, described, strict=False) if b != d)
+    fork = next(i for i, (b, d) in enumerate(zip(brief, described, strict=False)) if b != d)
+    return brief[:fork], brief[fork]
+
+
+@torch.no_grad()
+def brief_token_probabilities(net, processor, rows, prefix: list[int], brief_token: int,
+                              batch_size: int = 16) -> list[float]:
+    """Per row: the probability of `brief_token` after the prompt and `prefix` (one forward pass)."""
+    probabilities = []
+    for begin in range(0, len(rows), batch_size):
+        inputs = batch_inputs(processor, rows[begin:begin + batch_size], net.device)
+        forced = torch.tensor([prefix] * inputs["input_ids"].shape[0])  # left padding: prompts end together
+        appended = {"input_ids": forced, "attention_mask": torch.ones_like(forced),
+                    "mm_token_type_ids": torch.zeros_like(forced)}  # text tokens, not image ones
+        for key, tail in appended.items():
+            if key in inputs:
+                inputs[key] = torch.cat([inputs[key], tail], dim=1)
+        logits = net(**inputs, logits_to_keep=1).logits[:, -1].float()
+        probabilities += logits.softmax(-1)[:, brief_token].tolist()
+    return probabilities
 
 
 @click.command()
@@ -46,7 +68,10 @@ def main(repo: Path) -> None:
     for name, path in (("warm start", base_model_path(repo / "models/base")), ("trained", repo / "models/merged")):
         processor = load_processor(path, config.model)
         net = load_model(path, "float32").eval()
-        brief_token = brief_style_token(processor.tokenizer)
+        prefix, brief_token = style_fork(processor.tokenizer)
+        probabilities = brief_token_probabilities(net, processor, rows, prefix, brief_token)
+        print(f"{name:10s} brief style's first-token probability: mean {sum(probabilities) / len(rows):.3f}, "
+              f"min {min(probabilities):.3f}, max {max(probabilities):.3f} ({len(rows)} images)")
         for way, forbidden in (("as it answers", None), ("brief style forbidden", [[brief_token]])):
             texts = completion_texts(net, processor, rows, config.evaluate.max_new_tokens, bad_words_ids=forbidden)
             right = sum(parse_answer(t) == int(r["answer"]) for t, r in zip(texts, rows, strict=True))

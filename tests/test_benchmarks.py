@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from conftest import ROOT, run
+import pytest
+from conftest import ROOT, run, tiny_params
 
 
 def test_generate_benchmark():
@@ -55,7 +56,7 @@ def test_sft_control_continues_the_warm_start_and_answers_the_test_images(tiny_p
 
 def test_answer_styles_answers_as_it_comes_and_with_the_brief_style_forbidden(tiny_pipeline):
     """`bench/answer_styles.py` on a finished run: both models, both ways, on the test images evaluate used;
-    with the brief style's first token forbidden no answer is brief."""
+    with the brief style's first token forbidden no answer is brief; each model's brief-token probability."""
     import json
 
     out = run(["python", str(ROOT / "bench/answer_styles.py"), "--repo", str(tiny_pipeline)], ROOT).stdout
@@ -66,15 +67,53 @@ def test_answer_styles_answers_as_it_comes_and_with_the_brief_style_forbidden(ti
                                                          for w in ("as it answers", "brief style forbidden")], out
     assert all(int(n) == samples and 0 <= float(accuracy) <= 1 for _, _, accuracy, n, _ in lines)
     assert [brief for _, way, _, _, brief in lines if way == "brief style forbidden"] == ["0.000", "0.000"]
+    probabilities = re.findall(r"^(warm start|trained) +brief style's first-token probability: mean ([\d.]+), "
+                               r"min ([\d.]+), max ([\d.]+) \((\d+) images\)$", out, flags=re.MULTILINE)
+    assert [model for model, *_ in probabilities] == ["warm start", "trained"], out
+    assert all(0 <= float(low) <= float(mean) <= float(high) <= 1 and int(n) == samples
+               for _, mean, low, high, n in probabilities)
 
 
-def test_the_brief_style_token_is_where_a_brief_answer_leaves_the_described_one(tiny_model_dir):
+def answer_styles_module():
     import sys
 
+    sys.path.insert(0, str(ROOT / "bench"))
+    import answer_styles
+
+    return answer_styles
+
+
+def test_the_styles_fork_where_a_brief_answer_leaves_the_described_one(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from answer_styles import brief_style_token
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    assert tokenizer.decode([brief_style_token(tokenizer)]) == ">I"  # "<REASONING>I count" vs "<REASONING>2 red"
+    prefix, brief_token = answer_styles_module().style_fork(tokenizer)
+    assert tokenizer.decode(prefix) == "<REASONING"  # "<REASONING>I count" vs "<REASONING>2 red"
+    assert tokenizer.decode([brief_token]) == ">I"
+
+
+def test_brief_token_probability_is_the_next_token_probability_of_each_image_alone(tiny_model_dir, tiny_dataset):
+    """Batched with left padding, each row's probability is the one its own unpadded forward pass gives."""
+    import torch
+
+    from vgrpo.config import config_from_dict
+    from vgrpo.evaluation import batch_inputs
+    from vgrpo.models import load_model, load_processor
+    from vgrpo.shapes import load_dataset
+
+    answer_styles = answer_styles_module()
+    processor = load_processor(tiny_model_dir, config_from_dict(tiny_params()).model)
+    net = load_model(tiny_model_dir, "float32").eval()
+    test = load_dataset(tiny_dataset, splits=("test",))["test"]
+    rows = [test[i] for i in range(3)]
+    prefix, brief_token = answer_styles.style_fork(processor.tokenizer)
+    batched = answer_styles.brief_token_probabilities(net, processor, rows, prefix, brief_token)
+    for row, probability in zip(rows, batched, strict=True):
+        inputs = dict(batch_inputs(processor, [row], net.device))
+        forced = torch.tensor([prefix])
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], forced], dim=1)
+        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(forced)], dim=1)
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        with torch.no_grad():
+            logits = net(**inputs).logits[0, -1]
+        assert probability == pytest.approx(logits.softmax(-1)[brief_token].item(), rel=1e-3, abs=1e-6)

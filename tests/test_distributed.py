@@ -67,9 +67,10 @@ def test_gradients_are_synchronised(data, tiny_base, tmp_path):
     assert safe_open(str(two), "pt").metadata()["world_size"] == "2"
     a, b = load_file(one), load_file(two)
     assert a.keys() == b.keys()
-    # lora_B starts at zero, so its values are the update itself. lora_A is left out: Adam divides each
-    # gradient by its own running size, so where lora_A's gradient is near zero (all of step 1, as B is 0)
-    # rounding differences between the two reductions become steps of up to lr (7e-5 here on an AMD EPYC).
+    # lora_B starts at zero, so its values are the update itself. lora_A is left out: its gradient is
+    # zero on step 1 (B is 0) and still tiny on the next steps, and Adam divides each gradient by its own
+    # running size, so rounding differences between the two reductions become steps of up to lr there
+    # (7e-5 on an AMD EPYC).
     lora_b = [k for k in a if "lora_B" in k]
     difference = max((a[k] - b[k]).abs().max().item() for k in lora_b)
     update = max(a[k].abs().max().item() for k in lora_b)

@@ -223,7 +223,7 @@ def batches(draw):
     return batch, columns
 
 
-@settings(max_examples=10_000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2_000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_rewards_never_raise(batch):
     completions, columns = batch

@@ -57,6 +57,7 @@ REWARD_NAMES = ("correctness_tags", "format_tags", "correctness_free", "descript
 
 Colour = Literal["red", "blue", "green", "orange", "purple", "black"]
 Split = Literal["train", "val", "test", "ood"]
+BriefAnswers = Literal["right", "guessed"]  # guessed: a brief warm-up answer's number is a random count
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class BaseParams:
     output_norm_init: float = knob(ge=0)  # the decoder's final RMSNorm weight before the warm start; 0: as built
     answer_smoothing: float = knob(ge=0, le=1)  # share of the answer number's target spread over every answer number
     described_share: float = knob(gt=0, le=1)  # warm-up answers that state the three counts; the rest are brief
-    brief_answers: Literal["right", "guessed"]  # guessed: a brief answer's number is a random count, not the right one
+    brief_answers: BriefAnswers  # guessed: a brief answer's number is a random count, not the right one
 
 
 @dataclass(frozen=True)

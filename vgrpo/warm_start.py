@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from trl import SFTTrainer
 
-from vgrpo.config import WARMUP, BaseParams, ConfigError, ModelParams
+from vgrpo.config import WARMUP, BaseParams, BriefAnswers, ConfigError, ModelParams
 from vgrpo.files import atomic_dir, write_json
 from vgrpo.prompts import REASONING_END, SOLUTION_END, SOLUTION_START, brief_answer, parse_answer, reference_answer
 from vgrpo.vendor import cache_dir
@@ -33,15 +33,16 @@ RECIPE_VERSION = 4  # bump when the code below changes what a given recipe produ
 
 
 def sft_dataset(warmup, colours: dict[str, str], described_share: float = 1.0, seed: int = 0,
-                brief_answers: str = "right"):
+                brief_answers: BriefAnswers = "right"):
     """The `warmup` split as TRL's prompt-completion vision format: the image, the product's prompt
     (a user turn), and the reference answer (an assistant turn). With `described_share` < 1, that
     share of the answers (drawn with `seed`) states the three counts and the others are brief; with
     `brief_answers: guessed` a brief answer's number is drawn uniformly from the split's smallest to
     largest count (with `seed` + 1), so that the brief style is a guess whatever CPU trains it."""
     described = np.random.default_rng(seed).random(len(warmup)) < described_share
-    counts = [int(answer) for answer in warmup["answer"]]
-    guesses = np.random.default_rng(seed + 1).integers(min(counts), max(counts) + 1, len(warmup))
+    if brief_answers == "guessed":
+        counts = [int(answer) for answer in warmup["answer"]]
+        guesses = np.random.default_rng(seed + 1).integers(min(counts), max(counts) + 1, len(warmup))
 
     def to_example(row, index):
         if described[index]:
