@@ -1,20 +1,29 @@
 # CUDA image that runs the vgrpo DVC pipeline on a GPU (entrypoint: dvc).
 #
 #   docker build --build-arg USER_UID="$(id -u)" -t vgrpo .
-#   docker run --gpus all -v "$PWD":/workspace -v vgrpo-cache:/home/vgrpo/.cache vgrpo repro
-#   docker run --gpus all -v "$PWD":/workspace vgrpo exp run -S profile=tiny
-#   docker run --gpus all -v "$PWD":/workspace --entrypoint pytest vgrpo -q
+#   docker run --gpus all --ipc=host -v "$PWD":/workspace -v vgrpo-cache:/home/vgrpo/.cache vgrpo repro
+#   docker run --gpus all --ipc=host -v "$PWD":/workspace -v vgrpo-cache:/home/vgrpo/.cache vgrpo exp run -S profile=gpu16
+#   docker run --gpus all --ipc=host -v "$PWD":/workspace --entrypoint scripts/gpu_check.sh vgrpo
 #
 # Mount your clone at /workspace: DVC needs its .git (kept out of the image by .dockerignore) and
 # writes data/, models/ and reports/ there, so outputs land on the host. The cache volume keeps
-# downloaded weights (HF_HOME), the tiny model and compiled kernels between runs. USER_UID should
-# be the uid that owns the clone, or the pipeline cannot write to it.
-# The host needs the NVIDIA Container Toolkit and a driver for CUDA 12.8 (570 or newer).
+# downloaded weights (HF_HOME), the tiny model, Unsloth's compiled kernels and Triton's between runs.
+# USER_UID should be the uid that owns the clone, or the pipeline cannot write to it. --ipc=host:
+# NCCL (train.num_processes > 1) shares memory between processes through /dev/shm, 64 MB by default.
+#
+# CUDA 13.0 (the default): PyPI's torch 2.14.1 is the CUDA 13.0 build, so no second index. The host
+# needs the NVIDIA Container Toolkit and driver 580 or newer (`nvidia-smi` prints it). CUDA 13 runs
+# Turing (T4, 7.5) and newer. With an older driver (560-579), build the CUDA 12.6 variant:
+#   docker build --build-arg CUDA_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu24.04 \
+#       --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 --build-arg USER_UID="$(id -u)" -t vgrpo .
+# (PyTorch 2.14 publishes CUDA 12.6, 13.0 and 13.2 builds only; the build stops in one line when the
+# image's CUDA and torch's differ.)
+ARG CUDA_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04
 
 # devel, not runtime: llama-cpp-python is compiled here with nvcc, and at run time Triton
 # (Unsloth) and DeepSpeed compile kernels, which needs the toolkit and a C compiler. No cuDNN
 # flavour: the torch wheels bring their own cuDNN.
-FROM nvidia/cuda:12.8.1-devel-ubuntu24.04
+FROM ${CUDA_IMAGE}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -48,25 +57,31 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 
-# The CUDA 12.8 build of torch, before the project: pyproject pins the same versions, which the
-# +cu128 wheels satisfy, so the project install keeps them instead of fetching PyPI's build. Its
-# own layer, so that a pyproject change does not download it again.
-RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cu128 \
+# torch before the project: pyproject pins the same versions, which the wheels installed here
+# satisfy, so the project install keeps them. Its own layer, so that a pyproject change does not
+# download it again. TORCH_INDEX: PyPI (its torch is the CUDA 13.0 build), or a PyTorch index
+# (.../whl/cu126). The check: torch's CUDA is the image's (CUDA_VERSION comes with the nvidia/cuda image).
+ARG TORCH_INDEX=https://pypi.org/simple
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" \
     torch==2.14.1 \
-    torchvision==0.29.1
+    torchvision==0.29.1 \
+    && python -c "import os, sys, torch; image = '.'.join(os.environ['CUDA_VERSION'].split('.')[:2]); \
+sys.exit(None if torch.version.cuda == image else f'torch {torch.__version__} is built for CUDA {torch.version.cuda}, \
+the image has CUDA {image}: give TORCH_INDEX the index of its CUDA (see the top of this file)')"
 
 # llama-cpp-python from source with CUDA, in its own layer because the compile takes long; the
 # project install below finds the pinned version present and keeps it (deps come from there).
 # - No GPU exists during `docker build`: GGML_NATIVE=off stops -march=native (which would tie the
 #   CPU code to the build host), and the CUDA architectures are named instead of detected.
-#   80 A100/A30, 86 RTX 30xx/A10/A40, 89 RTX 40xx/L4/L40, 90 H100/H200; 90-virtual adds PTX that
-#   newer GPUs (Blackwell) JIT-compile on first use. For an RTX 50xx only:
-#   --build-arg CUDA_ARCHITECTURES=120-real
+#   75 T4/RTX 20xx, 80 A100/A30, 86 RTX 30xx/A10/A40, 89 RTX 40xx/L4/L40, 90 H100/H200; 90-virtual adds
+#   PTX that newer GPUs (Blackwell) JIT-compile on first use (slow the first time). For an RTX 50xx
+#   or RTX PRO 6000 Blackwell, add its own kernels: --build-arg CUDA_ARCHITECTURES="75-real;...;90-virtual;120-real"
+#   (setup.sh uses the same list: CUDA_ARCHITECTURES=... EXTRAS=gpu ./setup.sh).
 # - The driver library libcuda.so.1 comes from the host at run time; CMake links the shared
 #   libraries against the toolkit's stub (lib64/stubs/libcuda.so), and --allow-shlib-undefined
 #   lets any executable that links them leave the driver's symbols for run time (as llama.cpp's
 #   own CUDA image does).
-ARG CUDA_ARCHITECTURES="80-real;86-real;89-real;90-real;90-virtual"
+ARG CUDA_ARCHITECTURES="75-real;80-real;86-real;89-real;90-real;90-virtual"
 RUN CMAKE_ARGS="-DGGML_CUDA=on -DGGML_NATIVE=off -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES} -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
     CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
     pip install --no-cache-dir --no-binary llama-cpp-python --no-deps \
@@ -83,7 +98,8 @@ COPY pyproject.toml setup.sh ./
 RUN mkdir vgrpo \
     && touch vgrpo/__init__.py \
     && VENV_DIR=/opt/venv EXTRAS=gpu ./setup.sh \
-    && python -c "import sys, torch; sys.exit(None if torch.__version__.endswith('+cu128') else 'torch ' + torch.__version__ + ' is not the cu128 build')" \
+    && python -c "import os, sys, torch; image = '.'.join(os.environ['CUDA_VERSION'].split('.')[:2]); \
+sys.exit(None if torch.version.cuda == image else f'the project install replaced torch: CUDA {torch.version.cuda}')" \
     && test -n "$(find /opt/venv -name 'libggml-cuda.so*' -print -quit)" \
     && test -f /opt/venv/llama.cpp/convert_hf_to_gguf.py
 
@@ -99,7 +115,11 @@ RUN if id ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
 
 COPY --chown=vgrpo:vgrpo . .
 
-ENV HF_HOME=/home/vgrpo/.cache/huggingface
+# Caches in the volume, not in the mounted clone: Unsloth compiles its patched modules into
+# UNSLOTH_COMPILE_LOCATION (default: ./unsloth_compiled_cache, in the working directory).
+ENV HF_HOME=/home/vgrpo/.cache/huggingface \
+    UNSLOTH_COMPILE_LOCATION=/home/vgrpo/.cache/unsloth_compiled_cache \
+    TRITON_CACHE_DIR=/home/vgrpo/.cache/triton
 # Numeric, so that a runtime that checks for non-root (Kubernetes runAsNonRoot) can tell.
 USER ${USER_UID}:${USER_UID}
 

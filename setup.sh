@@ -3,7 +3,8 @@
 # converter and vocab files taken from the pinned llama-cpp-python sdist (same llama.cpp as the
 # runtime). Rerunning is quick: nothing happens when pyproject.toml and this file are unchanged.
 #   ./setup.sh                        # CPU machine (tests, the tiny profile)
-#   EXTRAS=gpu ./setup.sh             # CUDA machine (adds unsloth, bitsandbytes); the Docker image does this
+#   EXTRAS=gpu ./setup.sh             # CUDA machine (adds unsloth, bitsandbytes; llama.cpp with CUDA when nvcc
+#                                     # is on PATH); the Docker image does this
 #   PYTHON=python3.13 ./setup.sh      # this interpreter, not the first supported one on PATH
 #   SETUP_PREREQS_ONLY=1 ./setup.sh   # only the checks below (and the root installs), no venv
 # VENV_DIR puts the venv elsewhere (the Docker image: /opt/venv, so that mounting a clone over
@@ -18,6 +19,10 @@
 #   none; it is a ctypes binding, so no Python headers. As root with apt-get, missing compilers
 #   mean `apt-get install build-essential`; otherwise it stops and names that package.
 # - As root with apt-get, for the default venv: openssh-server (the SSH-remote test's sshd).
+# - With EXTRAS=gpu: nvcc (the CUDA toolkit) on PATH, to compile llama.cpp's CUDA kernels for
+#   CUDA_ARCHITECTURES (default below: T4 to H100, as the Dockerfile). Without nvcc it says so in one
+#   line and builds for the CPU (smoke then runs the GGUF files on the CPU). A CPU build already in
+#   the venv is rebuilt with CUDA once nvcc is there.
 # The compile and the install print a line every SETUP_HEARTBEAT_S seconds (30), the compile with
 # ninja's build step.
 set -euo pipefail
@@ -84,7 +89,7 @@ if [ -z "${VENV_DIR:-}" ] && [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && co
 fi
 
 stamp="$venv/.setup-stamp"
-want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)-${extras}
+want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)-${extras}-$(command -v nvcc || true)
 if [ -z "${SETUP_PREREQS_ONLY:-}" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     echo "setup: $venv is up to date"
     exit 0
@@ -103,8 +108,19 @@ compilers_work() { # cc and c++ compile and link a program that uses the C and C
 
 installed_llama=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' \
     2>/dev/null) || true
+# llama.cpp's CUDA kernels: for EXTRAS=gpu when nvcc is there. The same architectures as the Dockerfile.
+llama_cmake_args=
+if [[ ",$extras," == *",gpu,"* ]]; then
+    if command -v nvcc >/dev/null; then
+        llama_cmake_args="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-75-real;80-real;86-real;89-real;90-real;90-virtual}"
+    else
+        echo "setup: no nvcc on PATH: llama-cpp-python is built for the CPU, so smoke runs the GGUF files on the CPU" \
+            "(install the CUDA toolkit and rerun EXTRAS=gpu ./setup.sh for llama.cpp on the GPU)"
+    fi
+fi
+has_cuda_build() { [ -n "$(find "$venv" -name 'libggml-cuda.so*' -print -quit 2>/dev/null)" ]; }
 compile_llama=
-if [ "$installed_llama" != "$llama_version" ]; then
+if [ "$installed_llama" != "$llama_version" ] || { [ -n "$llama_cmake_args" ] && ! has_cuda_build; }; then
     compile_llama=1
     if ! compilers_work; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -161,10 +177,21 @@ fi
 
 # llama-cpp-python alone first (--no-deps: the project install below brings its pinned deps), -v so
 # that the log shows the compile's steps. Seconds instead of minutes when pip cached an earlier build.
+# With CUDA: --no-cache-dir and --force-reinstall, because pip's wheel cache does not know CMAKE_ARGS and
+# would hand back a CPU build compiled earlier.
 if [ -n "$compile_llama" ]; then
-    echo "setup: compiling llama-cpp-python $llama_version from source (6-8 minutes on 2 cores; seconds if pip cached a build)..."
-    run_logged "compiling llama-cpp-python" "$tmp/llama-build.log" \
-        "$venv/bin/python" -m pip install -v --no-deps "llama-cpp-python==$llama_version"
+    if [ -n "$llama_cmake_args" ]; then
+        echo "setup: compiling llama-cpp-python $llama_version with CUDA ($llama_cmake_args; 20-40 minutes)..."
+        run_logged "compiling llama-cpp-python" "$tmp/llama-build.log" env CMAKE_ARGS="$llama_cmake_args" \
+            "$venv/bin/python" -m pip install -v --no-deps --no-cache-dir --force-reinstall \
+            "llama-cpp-python==$llama_version"
+        has_cuda_build || die "llama-cpp-python was compiled, but without its CUDA library (libggml-cuda.so):" \
+            "see the build log above"
+    else
+        echo "setup: compiling llama-cpp-python $llama_version from source (6-8 minutes on 2 cores; seconds if pip cached a build)..."
+        run_logged "compiling llama-cpp-python" "$tmp/llama-build.log" \
+            "$venv/bin/python" -m pip install -v --no-deps "llama-cpp-python==$llama_version"
+    fi
 fi
 
 echo "setup: installing the pinned dependencies into $venv${extras:+ (extras: $extras)}"

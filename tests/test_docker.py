@@ -1,6 +1,7 @@
 """The CUDA Docker image. No Docker engine runs here, so the image is never built: hadolint lints the
 Dockerfile, and these checks keep it consistent with pyproject.toml (one place for versions), with the
-image's contract (CUDA 12.8 devel base, non-root, `dvc repro`) and with dvc.yaml's outputs
+image's contract (a CUDA devel base whose CUDA torch has wheels for, non-root, `dvc repro`), with the
+driver the docs name, and with dvc.yaml's outputs
 (kept out of the build context). Each check is a function that returns its problems, and each is
 also run on a broken copy to show that it notices."""
 
@@ -25,8 +26,22 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 
 # Installed by the Dockerfile itself rather than through pyproject: each must be pinned there.
 REQUIRED_PINS = ("torch", "torchvision", "llama-cpp-python")
-TORCH_INDEX = "https://download.pytorch.org/whl/cu128"
-BASE_IMAGE = re.compile(r"nvidia/cuda:12\.8\.\d+-(?:cudnn-)?devel-ubuntu\d{2}\.\d{2}")
+BASE_IMAGE = re.compile(r"nvidia/cuda:(\d+\.\d+)\.\d+-(?:cudnn-)?devel-ubuntu\d{2}\.\d{2}")
+# Which torch 2.14 wheels exist for which CUDA, where they come from, and the host driver each needs.
+# - PyTorch 2.14's release compatibility matrix (RELEASE.md; pytorch/pytorch PR 194367, "Add 2.14 to the
+#   release compatibility and CUDA support matrices"): CUDA 12.6, 13.0 and 13.2 only; CUDA 12.8 wheels
+#   ended with 2.11 (2.12 removed 12.8 from the prebuilt matrix). PyPI's torch 2.14 is the CUDA 13.0
+#   build (the release announcement, googlecolab/colabtools#6093: "CUDA 13.0 remains the default version
+#   installed"; and what ./setup.sh installs here: test_pypi_torch_is_the_cuda_13_0_build).
+# - The CUDA toolkit release notes, table 3 (toolkit and minimum driver): 13.0 Update 2 >= 580.95.05
+#   (any 13.x >= 580 through minor-version compatibility), 12.6 Update 3 >= 560.35.05.
+# - CUDA 13 drops GPUs below Turing: 7.5 (T4) is the oldest it builds for (PyTorch's cu130 wheels:
+#   TORCH_CUDA_ARCH_LIST 7.5 ... 12.0+PTX).
+CUDA_BUILDS = {
+    "13.0": {"torch_index": "https://pypi.org/simple", "wheel": "cu130", "driver": 580},
+    "12.6": {"torch_index": "https://download.pytorch.org/whl/cu126", "wheel": "cu126", "driver": 560},
+}
+DEFAULT_CUDA = "13.0"
 # name==version, with optional extras; the name must not continue a longer word or path.
 PIN = re.compile(r"(?<![\w./-])([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s\"';&|)\\]+)")
 # What the build needs from the context: .dockerignore must not drop these.
@@ -148,18 +163,19 @@ def pin_mismatches(dockerfile_text: str, pyproject: dict) -> list[str]:
 
 
 def structure_problems(dockerfile_text: str) -> list[str]:
-    """The image's contract: CUDA 12.8 devel base pinned by tag; torch from the cu128 index and
-    llama-cpp-python built with CUDA, both before the project (so its install keeps them); the
+    """The image's contract: a CUDA devel base pinned by tag; torch checked against the image's CUDA at
+    build time, and llama-cpp-python built with CUDA, both before the project (so its install keeps them); the
     project with its gpu extra, into the venv on PATH; a non-root user after the installs;
     WORKDIR /workspace; `dvc repro`; HF_HOME and PYTHONUNBUFFERED."""
     instrs = instructions(dockerfile_text)
     problems = []
     keywords = [keyword for keyword, _ in instrs]
 
-    froms = [rest.split()[0] for keyword, rest in instrs if keyword == "FROM"]
+    args = build_args(instrs)
+    froms = [substitute(rest.split()[0], args) for keyword, rest in instrs if keyword == "FROM"]
     if not froms or not BASE_IMAGE.fullmatch(froms[-1]):
-        problems.append(f"base image {froms[-1] if froms else None!r}: want nvidia/cuda:12.8.<patch>-[cudnn-]devel-"
-                        "ubuntu<version>, an exact tag")
+        problems.append(f"base image {froms[-1] if froms else None!r}: want nvidia/cuda:<major.minor.patch>-"
+                        "[cudnn-]devel-ubuntu<version>, an exact tag")
 
     project = project_install_index(instrs)
     if project is None:
@@ -170,8 +186,8 @@ def structure_problems(dockerfile_text: str) -> list[str]:
     if not torch:
         problems.append("torch is not installed by the Dockerfile")
     for i, rest in torch:
-        if f"--index-url {TORCH_INDEX}" not in rest:
-            problems.append(f"torch is not installed from {TORCH_INDEX}")
+        if not re.search(r"torch\.version\.cuda\b.*\bCUDA_VERSION\b|\bCUDA_VERSION\b.*torch\.version\.cuda\b", rest):
+            problems.append("the torch install does not check torch.version.cuda against the image's CUDA_VERSION")
         if project is not None and i > project:
             problems.append("torch is installed after the project: pip would already have taken PyPI's build")
     llama = [(i, rest) for i, rest in runs if "llama-cpp-python==" in rest]
@@ -186,7 +202,6 @@ def structure_problems(dockerfile_text: str) -> list[str]:
             problems.append("llama-cpp-python is built after the project without --force-reinstall")
 
     env = env_values(instrs)
-    args = build_args(instrs)
     venv = env.get("VIRTUAL_ENV")
     if not venv or not env.get("PATH", "").startswith(f"{venv}/bin:"):
         problems.append(f"the venv ({venv}) is not first on PATH ({env.get('PATH')})")
@@ -228,6 +243,42 @@ def structure_problems(dockerfile_text: str) -> list[str]:
             problems.append(f"{keyword} is {got!r}, not the exec form {json.dumps(want)}")
     if keywords.count("FROM") != 1:
         problems.append(f"{keywords.count('FROM')} FROM lines: these checks read a single-stage build")
+    return problems
+
+
+def cuda_pairing_problems(dockerfile_text: str, readme_text: str) -> list[str]:
+    """The default image's CUDA, the torch wheels it installs and the driver the docs ask for agree with
+    CUDA_BUILDS; so does the variant the Dockerfile documents (`--build-arg CUDA_IMAGE=... TORCH_INDEX=...`)."""
+    instrs = instructions(dockerfile_text)
+    args = build_args(instrs)
+    problems = []
+
+    def check(image: str, index: str, what: str, driver_texts: dict[str, str | None]) -> None:
+        match = BASE_IMAGE.fullmatch(image)
+        cuda = match[1] if match else None
+        if cuda not in CUDA_BUILDS:
+            problems.append(f"{what}: {image} has CUDA {cuda}, for which torch 2.14 publishes no wheels "
+                            f"(it does for {', '.join(CUDA_BUILDS)})")
+            return
+        build = CUDA_BUILDS[cuda]
+        if index != build["torch_index"]:
+            problems.append(f"{what}: CUDA {cuda} takes torch from {build['torch_index']} ({build['wheel']}), "
+                            f"not {index}")
+        for where, text in driver_texts.items():
+            if text is None or not re.search(rf"\b{build['driver']}\b", text):
+                problems.append(f"{what}: {where} does not name driver {build['driver']} for CUDA {cuda}")
+
+    froms = [substitute(rest.split()[0], args) for keyword, rest in instrs if keyword == "FROM"]
+    header = dockerfile_text.split("\nFROM ", 1)[0]
+    drivers = {where: (lambda m: m[0] if m else None)(re.search(r"driver (\d+) or newer", text))
+               for where, text in (("the Dockerfile", header), ("the README", readme_text))}
+    check(froms[-1] if froms else "", args.get("TORCH_INDEX", ""), "default image", drivers)
+    variant = re.search(r"--build-arg CUDA_IMAGE=(\S+) .*?\n?.*?--build-arg TORCH_INDEX=(\S+)", header)
+    if variant is None:
+        problems.append("the Dockerfile documents no variant (--build-arg CUDA_IMAGE=... --build-arg TORCH_INDEX=...)")
+    else:
+        driver = re.search(r"older driver \((\d+)-\d+\)", header)
+        check(variant[1], variant[2], "documented variant", {"the Dockerfile": driver[0] if driver else None})
     return problems
 
 
@@ -389,11 +440,11 @@ def test_dockerfile_structure(dockerfile):
 
 
 BREAKAGES = [
-    ("FROM nvidia/cuda:12.8.1-devel-ubuntu24.04", "FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04", "base image"),
-    ("FROM nvidia/cuda:12.8.1-devel-ubuntu24.04", "FROM nvidia/cuda:12.6.3-devel-ubuntu24.04", "base image"),
-    ("FROM nvidia/cuda:12.8.1-devel-ubuntu24.04", "FROM nvidia/cuda:latest", "base image"),
+    ("CUDA_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04", "CUDA_IMAGE=nvidia/cuda:13.0.2-runtime-ubuntu24.04",
+     "base image"),
+    ("CUDA_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04", "CUDA_IMAGE=nvidia/cuda:latest", "base image"),
     ("EXTRAS=gpu ./setup.sh", "./setup.sh", "gpu extra"),
-    ("/whl/cu128", "/whl/cu126", "torch is not installed from"),
+    ("    torchvision==0.29.1 \\\n    && python -c", "    torchvision==0.29.1\nRUN python -c", "does not check torch.version.cuda"),
     ("-DGGML_CUDA=on", "-DGGML_CUDA=off", "GGML_CUDA"),
     ("--no-binary llama-cpp-python ", "", "wheel"),
     ("VENV_DIR=/opt/venv ", "", "setup.sh installs into /workspace/.venv"),
@@ -424,6 +475,52 @@ def test_structure_check_notices_install_order(dockerfile):
     early_user = mutate(dockerfile, "USER ${USER_UID}:${USER_UID}\n", "")
     early_user = mutate(early_user, "WORKDIR /workspace\n", "WORKDIR /workspace\nUSER 1000\n")
     assert "the final USER comes before the installs" in structure_problems(early_user)
+
+
+def test_image_cuda_torch_wheels_and_driver_agree(dockerfile):
+    assert cuda_pairing_problems(dockerfile, (ROOT / "README.md").read_text()) == []
+    assert BASE_IMAGE.fullmatch(build_args(instructions(dockerfile))["CUDA_IMAGE"])[1] == DEFAULT_CUDA
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("CUDA_IMAGE=nvidia/cuda:13.0.2-devel", "CUDA_IMAGE=nvidia/cuda:12.8.1-devel",
+     "default image: nvidia/cuda:12.8.1-devel-ubuntu24.04 has CUDA 12.8, for which torch 2.14 publishes no wheels"),
+    ("ARG TORCH_INDEX=https://pypi.org/simple\n", "ARG TORCH_INDEX=https://download.pytorch.org/whl/cu126\n",
+     "default image: CUDA 13.0 takes torch from https://pypi.org/simple (cu130), not "
+     "https://download.pytorch.org/whl/cu126"),
+    ("driver 580 or newer", "driver 570 or newer", "default image: the Dockerfile does not name driver 580 for CUDA 13.0"),
+    ("whl/cu126 --build-arg", "whl/cu128 --build-arg", "documented variant: CUDA 12.6 takes torch from "
+     "https://download.pytorch.org/whl/cu126 (cu126), not https://download.pytorch.org/whl/cu128"),
+])
+def test_cuda_pairing_check_notices(dockerfile, old, new, expected):
+    problems = cuda_pairing_problems(mutate(dockerfile, old, new), (ROOT / "README.md").read_text())
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_pypi_torch_is_the_cuda_13_0_build():
+    """The table's claim that PyPI's torch 2.14.1 is the CUDA 13.0 build, read off the torch ./setup.sh
+    installed from PyPI (a CUDA build that also runs on a CPU)."""
+    import torch
+
+    assert torch.__version__.split("+")[0] == pyproject_pins(tomllib.loads((ROOT / "pyproject.toml").read_text()))["torch"]
+    assert torch.version.cuda == DEFAULT_CUDA and CUDA_BUILDS[DEFAULT_CUDA]["torch_index"] == "https://pypi.org/simple"
+
+
+def test_llama_cpp_kernels_cover_t4_to_h100(dockerfile):
+    """sm_75 (T4) through sm_90 (H100) get real kernels; a GPU without them aborts smoke on its first launch."""
+    archs = build_args(instructions(dockerfile))["CUDA_ARCHITECTURES"].split(";")
+    assert {"75-real", "80-real", "86-real", "89-real", "90-real"} <= set(archs)
+    assert "${CUDA_ARCHITECTURES}" in next(rest for kw, rest in instructions(dockerfile)
+                                          if kw == "RUN" and "llama-cpp-python==" in rest)
+
+
+def test_documented_runs_share_ipc_and_keep_unsloth_cache_in_the_volume(dockerfile):
+    """NCCL needs --ipc=host for two GPUs; Unsloth's compiled modules go to the cache volume, not the clone."""
+    runs = [line for line in (dockerfile + (ROOT / "README.md").read_text()).splitlines() if "docker run" in line]
+    assert runs and all("--ipc=host" in line for line in runs), runs
+    env = env_values(instructions(dockerfile))
+    assert env["UNSLOTH_COMPILE_LOCATION"].startswith("/home/vgrpo/.cache/")
+    assert "unsloth_compiled_cache/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
 def test_instruction_parser_joins_continuations_and_drops_comments():

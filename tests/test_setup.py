@@ -21,7 +21,9 @@ PYPROJECT = (ROOT / "pyproject.toml").read_text()
 LLAMA = re.search(r'"llama-cpp-python==([^"]+)"', PYPROJECT).group(1)
 # What setup.sh runs besides the fakes; a new external command in it must be added here.
 TOOLS = ["bash", "env", "sed", "cat", "sha256sum", "cut", "dirname", "mktemp", "rm", "mv", "cp", "tar", "grep",
-         "tail", "sleep", "setsid"]
+         "tail", "sleep", "setsid", "find"]
+# The Dockerfile's llama.cpp CUDA architectures, which setup.sh builds too (T4 7.5 to H100 9.0).
+CUDA_ARCHITECTURES = "75-real;80-real;86-real;89-real;90-real;90-virtual"
 
 
 def executable(path: Path, body: str) -> Path:
@@ -240,6 +242,65 @@ def test_llama_cpp_compiles_alone_then_the_project_installs_then_the_sdist_comes
     # without CMake would build PyPI's cmake from source, which needs make (seen on Python 3.13).
     assert download.startswith("-m pip download --quiet --no-deps --no-binary llama-cpp-python ")
     assert f"llama-cpp-python=={LLAMA}" in download and ":all:" not in download
+
+
+def gpu_install(machine: Machine, *, builds_cuda: bool) -> Path:
+    """A venv python whose pip logs each call with its CMAKE_ARGS, and whose CUDA compile writes (or not)
+    libggml-cuda.so; the sdist download fails (exit 4) to end the run early."""
+    calls = machine.tmp / "pip.log"
+    lib = machine.venv / "lib" / "llama_cpp" / "lib"
+    make_lib = f"{shutil.which('mkdir')} -p {lib} && : > {lib}/libggml-cuda.so" if builds_cuda else ":"
+    fake_python(machine.venv / "bin" / "python", "3.12",
+                pip=f'echo "$* | $CMAKE_ARGS" >> {calls}; case "$*" in *" download "*) exit 4 ;; '
+                    f'*llama-cpp-python==*) {make_lib} ;; esac')
+    machine.compilers()
+    return calls
+
+
+def test_gpu_extra_without_nvcc_builds_for_the_cpu_and_says_so(machine):
+    calls = gpu_install(machine, builds_cuda=False)
+    result = machine.run(prereqs_only=False, EXTRAS="gpu", SETUP_HEARTBEAT_S="1")
+    assert result.returncode == 4, output(result)
+    notes = [line for line in output(result) if "nvcc" in line and "installing" not in line]
+    assert notes == ["setup: no nvcc on PATH: llama-cpp-python is built for the CPU, so smoke runs the GGUF files on "
+                     "the CPU (install the CUDA toolkit and rerun EXTRAS=gpu ./setup.sh for llama.cpp on the GPU)"]
+    assert calls.read_text().splitlines()[:2] == [f"-m pip install -v --no-deps llama-cpp-python=={LLAMA} | ",
+                                                  "-m pip install --quiet -e .[dev,gpu] | "]
+
+
+def test_gpu_extra_with_nvcc_compiles_llama_cpp_with_cuda_for_t4_to_h100(machine):
+    executable(machine.bin / "nvcc", "exit 0\n")
+    calls = gpu_install(machine, builds_cuda=True)
+    result = machine.run(prereqs_only=False, EXTRAS="gpu", SETUP_HEARTBEAT_S="1")
+    assert result.returncode == 4, output(result)
+    assert not any("no nvcc" in line for line in output(result))
+    compile_ = calls.read_text().splitlines()[0]
+    # pip's wheel cache ignores CMAKE_ARGS: without --no-cache-dir it would reinstall a CPU build made earlier
+    assert compile_ == (f"-m pip install -v --no-deps --no-cache-dir --force-reinstall llama-cpp-python=={LLAMA} | "
+                        f"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES={CUDA_ARCHITECTURES}")
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f'ARG CUDA_ARCHITECTURES="{CUDA_ARCHITECTURES}"' in dockerfile  # one list of GPUs for both
+
+
+def test_a_cpu_build_in_the_venv_is_rebuilt_once_nvcc_is_there(machine):
+    fake_python(machine.venv / "bin" / "python", "3.12", llama=LLAMA)
+    machine.compilers()
+    assert output(machine.run(EXTRAS="gpu"))[-1] == f"setup: prerequisites ok: {machine.venv}/bin/python (Python 3.12)"
+    executable(machine.bin / "nvcc", "exit 0\n")
+    assert output(machine.run(EXTRAS="gpu"))[-1].endswith("; C/C++ compiler for llama-cpp-python")  # compiles again
+    lib = machine.venv / "lib" / "llama_cpp" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libggml-cuda.so").touch()
+    assert output(machine.run(EXTRAS="gpu"))[-1] == f"setup: prerequisites ok: {machine.venv}/bin/python (Python 3.12)"
+
+
+def test_a_cuda_compile_without_the_cuda_library_fails_in_one_line(machine):
+    executable(machine.bin / "nvcc", "exit 0\n")
+    gpu_install(machine, builds_cuda=False)
+    result = machine.run(prereqs_only=False, EXTRAS="gpu", SETUP_HEARTBEAT_S="1")
+    assert result.returncode == 1
+    assert output(result)[-1] == ("setup: llama-cpp-python was compiled, but without its CUDA library "
+                                  "(libggml-cuda.so): see the build log above")
 
 
 def test_readme_names_the_supported_versions():

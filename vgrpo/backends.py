@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import time
 import urllib.request
 
@@ -66,7 +67,7 @@ def resolve_backend(requested: str, cuda: bool | None = None) -> str:
         log.info("backend auto -> hf (no CUDA)")
         return "hf"
     try:
-        importlib.import_module("unsloth")
+        import_unsloth()
     except Exception as err:  # noqa: BLE001 - any import failure means: fall back to hf
         log.warning("backend auto -> hf (unsloth does not import: %s)", err)
         return "hf"
@@ -75,5 +76,10 @@ def resolve_backend(requested: str, cuda: bool | None = None) -> str:
 
 
 def import_unsloth():
-    """Import unsloth before transformers/TRL are used, so its patches apply."""
+    """Import unsloth before transformers/TRL are used, so its patches apply. Unsloth writes the modules
+    it compiles into UNSLOTH_COMPILE_LOCATION, read when it is imported (default: ./unsloth_compiled_cache,
+    which would land in the clone): unless the user chose a place, it goes beside the other local builds."""
+    from vgrpo.vendor import cache_dir
+
+    os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(cache_dir() / "unsloth_compiled_cache"))
     return importlib.import_module("unsloth")
