@@ -168,6 +168,24 @@ def test_gated_repo_without_a_token(tiny_files, tmp_path):
         assert with_token.returncode == 0, with_token.stderr[-2000:]
 
 
+def test_a_model_too_large_for_a_cpu_stops_before_its_download(tiny_files, tmp_path):
+    """No CUDA here: a hub model above the CPU limit of 4 GB (a sparse shard: the hub stand-in hashes it, so
+    kept small) stops on its sizes, before any weight is fetched, in one line naming the CPU profiles."""
+    large = tmp_path / "large"
+    shutil.copytree(tiny_files, large)
+    with (large / "model-00002-of-00002.safetensors").open("wb") as f:
+        f.truncate(4_200_000_000)  # sparse: no disk used
+    with FakeHub() as hub:
+        hub.add_repo(REPO, large)
+        line = error_line(run_base(hub_params(tmp_path), tmp_path / "b", hub.client_env(tmp_path / "hf")))
+        assert not any(r.startswith("GET /cdn-lfs/") for r in hub.requests)  # nothing downloaded
+    total = sum(p.stat().st_size for p in large.glob("*.safetensors")) / 1e9
+    assert line.startswith(f"error: params.yaml: model.name: {REPO} has {total:.1f} GB of weights and this machine "
+                           "has no CUDA GPU (it would load in float32 on the CPU): run it on a GPU, or use a CPU profile: "
+                           "dvc exp run -S profile=tiny, or -S profile=cpu")
+    assert not (tmp_path / "b").exists()
+
+
 def test_no_network_fails_fast_naming_the_model(tmp_path):
     hub = FakeHub().start()
     env = hub.client_env(tmp_path / "hf")  # an empty cache

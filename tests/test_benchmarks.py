@@ -117,3 +117,14 @@ def test_brief_token_probability_is_the_next_token_probability_of_each_image_alo
         with torch.no_grad():
             logits = net(**inputs).logits[0, -1]
         assert probability == pytest.approx(logits.softmax(-1)[brief_token].item(), rel=1e-3, abs=1e-6)
+
+
+def test_smoke_reference_compares_both_reference_precisions(tiny_pipeline):
+    """`bench/smoke_reference.py` (the README's figures for smoke's reference precision) on the tiny run."""
+    out = run(["python", str(ROOT / "bench/smoke_reference.py"), "--repo", str(tiny_pipeline), "--images", "2"],
+              ROOT).stdout
+    found = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(
+        r"reference (float32|bfloat16) +vs \S+-F16\.gguf: first-token log-prob diff, max over 2 images: over the 10 "
+        r"likeliest tokens ([\d.e+-]+), over the tokens with p > 1e-3 \([\d.]+ a image\) ([\d.e+-]+)", out)}
+    assert set(found) == {"float32", "bfloat16"}, out
+    assert found["float32"][1] < 0.05  # both sides in full precision (smoke's own threshold for the tiny profile)

@@ -11,7 +11,7 @@ from conftest import copy_repo, load_params, run, stage
 
 from vgrpo import card
 
-STEM = "qwen3vl-tiny-shapes-grpo"
+STEM = "Qwen3-VL-tiny-shapes-grpo"  # llama.cpp's naming convention (vgrpo.export.gguf_name)
 
 
 def card_inputs(repo) -> dict:
@@ -47,7 +47,7 @@ def test_mtmd_cli_puts_the_image_before_the_text(tiny_pipeline):
     prompt = command.group(1)
     assert prompt.startswith(card.IMAGE_MARKER + "How many circles are in the image?")
     assert prompt.index(card.IMAGE_MARKER) < prompt.index("How many")
-    assert f"--mmproj gguf/mmproj-{STEM}-f16.gguf" in command.group(0)
+    assert f"--mmproj gguf/mmproj-{STEM}-F16.gguf" in command.group(0)
 
 
 def test_card_follows_the_data_and_the_decoding(tiny_pipeline, tmp_path):

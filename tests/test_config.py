@@ -50,7 +50,7 @@ BAD_INPUTS = [
     ("number above maximum", lambda r: set_key(r, "train.lora_dropout", 1.5),
      "params.yaml: train.lora_dropout: expected a number >= 0 and <= 1, got 1.5"),
     ("unknown profile", lambda r: set_key(r, "profile", "huge"),
-     "params.yaml: profile: unknown profile 'huge' (expected one of full, tiny, cpu, book)"),
+     "params.yaml: profile: unknown profile 'huge' (expected one of full, tiny, cpu, gpu16, book)"),
     ("unknown group in a profile", lambda r: set_key(r, "profiles.tiny.trainer", {"seed": 1}),
      "params.yaml: profiles.tiny.trainer: unknown group"),
     ("unknown key in a profile", lambda r: set_key(r, "profiles.tiny.train.lr", 0.1),

@@ -444,7 +444,8 @@ BREAKAGES = [
      "base image"),
     ("CUDA_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04", "CUDA_IMAGE=nvidia/cuda:latest", "base image"),
     ("EXTRAS=gpu ./setup.sh", "./setup.sh", "gpu extra"),
-    ("    torchvision==0.29.1 \\\n    && python -c", "    torchvision==0.29.1\nRUN python -c", "does not check torch.version.cuda"),
+    ("    torchvision==0.29.1 \\\n    && python -c", "    torchvision==0.29.1\nRUN python -c",
+     "does not check torch.version.cuda"),
     ("-DGGML_CUDA=on", "-DGGML_CUDA=off", "GGML_CUDA"),
     ("--no-binary llama-cpp-python ", "", "wheel"),
     ("VENV_DIR=/opt/venv ", "", "setup.sh installs into /workspace/.venv"),
@@ -488,7 +489,8 @@ def test_image_cuda_torch_wheels_and_driver_agree(dockerfile):
     ("ARG TORCH_INDEX=https://pypi.org/simple\n", "ARG TORCH_INDEX=https://download.pytorch.org/whl/cu126\n",
      "default image: CUDA 13.0 takes torch from https://pypi.org/simple (cu130), not "
      "https://download.pytorch.org/whl/cu126"),
-    ("driver 580 or newer", "driver 570 or newer", "default image: the Dockerfile does not name driver 580 for CUDA 13.0"),
+    ("driver 580 or newer", "driver 570 or newer",
+     "default image: the Dockerfile does not name driver 580 for CUDA 13.0"),
     ("whl/cu126 --build-arg", "whl/cu128 --build-arg", "documented variant: CUDA 12.6 takes torch from "
      "https://download.pytorch.org/whl/cu126 (cu126), not https://download.pytorch.org/whl/cu128"),
 ])
@@ -502,7 +504,8 @@ def test_pypi_torch_is_the_cuda_13_0_build():
     installed from PyPI (a CUDA build that also runs on a CPU)."""
     import torch
 
-    assert torch.__version__.split("+")[0] == pyproject_pins(tomllib.loads((ROOT / "pyproject.toml").read_text()))["torch"]
+    pins = pyproject_pins(tomllib.loads((ROOT / "pyproject.toml").read_text()))
+    assert torch.__version__.split("+")[0] == pins["torch"]
     assert torch.version.cuda == DEFAULT_CUDA and CUDA_BUILDS[DEFAULT_CUDA]["torch_index"] == "https://pypi.org/simple"
 
 

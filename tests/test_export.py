@@ -16,7 +16,7 @@ from vgrpo import export, models
 from vgrpo.config import QUANTIZATIONS, config_from_dict
 from vgrpo.gguf_runtime import GGUFError, k_quant_share, read_gguf
 
-STEM = "qwen3vl-tiny-shapes-grpo"
+STEM = "Qwen3-VL-tiny-shapes-grpo"  # llama.cpp's naming convention (vgrpo.export.gguf_name)
 
 
 def digest(directory: Path) -> dict[str, str]:
@@ -49,10 +49,10 @@ def test_export_writes_merged_model_and_gguf_files(exported):
             "chat_template.jinja"} <= merged
     assert not any(name.endswith((".bin", ".pt", ".pth")) for name in merged)
     assert {p.name for p in (root / "gguf").iterdir()} == {  # the model card comes after smoke (the card stage)
-        f"{STEM}-f16.gguf", f"mmproj-{STEM}-f16.gguf", f"{STEM}-q4_k_m.gguf"}
+        f"{STEM}-F16.gguf", f"mmproj-{STEM}-F16.gguf", f"{STEM}-Q4_K_M.gguf"}
     assert not [p.name for p in root.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
     assert digest(root / "adapter") == exported.adapter_before  # the adapter stays available as it was
-    assert f"{root}/gguf/{STEM}-q4_k_m.gguf (q4_k_m, " in exported.stdout
+    assert f"{root}/gguf/{STEM}-Q4_K_M.gguf (q4_k_m, " in exported.stdout
 
 
 def test_merged_logits_equal_base_plus_adapter(exported, tiny_base):
@@ -80,8 +80,8 @@ def test_merged_logits_equal_base_plus_adapter(exported, tiny_base):
 
 def test_gguf_files_are_the_text_model_projector_and_k_quants(exported):
     gguf_dir = exported.root / "gguf"
-    f16, q4 = read_gguf(gguf_dir / f"{STEM}-f16.gguf"), read_gguf(gguf_dir / f"{STEM}-q4_k_m.gguf")
-    projector = read_gguf(gguf_dir / f"mmproj-{STEM}-f16.gguf", projector=True)
+    f16, q4 = read_gguf(gguf_dir / f"{STEM}-F16.gguf"), read_gguf(gguf_dir / f"{STEM}-Q4_K_M.gguf")
+    projector = read_gguf(gguf_dir / f"mmproj-{STEM}-F16.gguf", projector=True)
     assert (f16.architecture, projector.architecture) == ("qwen3vl", "clip")
     assert (f16.file_type, q4.file_type, projector.file_type) == ("f16", "q4_k_m", "f16")
     assert f16.width == q4.width == projector.width == 256  # the projector feeds this text model
@@ -100,7 +100,7 @@ def last_line(result) -> str:
 
 def test_unknown_quantization_lists_the_valid_ones(exported, tmp_path):
     with pytest.raises(export.ExportError, match=r"unknown quantization 'q4_k_xl' \(expected one of q4_0, q4_1"):
-        export.quantize(exported.root / "gguf" / f"{STEM}-f16.gguf", tmp_path / "out.gguf", "q4_k_xl")
+        export.quantize(exported.root / "gguf" / f"{STEM}-F16.gguf", tmp_path / "out.gguf", "q4_k_xl")
     assert not (tmp_path / "out.gguf").exists()
     params = write_params(tmp_path / "params.yaml", tiny_params(export={"quantizations": ["q4_k_xl"]}))
     result = stage("export", "--params", str(params), *export_args(exported.root, merged=tmp_path / "m",
@@ -111,7 +111,7 @@ def test_unknown_quantization_lists_the_valid_ones(exported, tmp_path):
 
 
 def test_truncated_gguf_is_refused_before_llama_cpp_reads_it(exported, tmp_path):
-    source = (exported.root / "gguf" / f"{STEM}-f16.gguf").read_bytes()
+    source = (exported.root / "gguf" / f"{STEM}-F16.gguf").read_bytes()
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(source[: len(source) // 2])
     with pytest.raises(GGUFError, match=f"{truncated}: truncated or corrupt GGUF"):
@@ -159,3 +159,15 @@ def test_failing_converter_keeps_the_previous_merged_model_and_gguf(exported, tm
     assert line.endswith("(exit 1): NotImplementedError: Architecture not supported")
     assert (digest(previous_gguf), digest(previous_merged)) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "gguf", "llama.cpp", "merged"]  # no temp dirs
+
+
+def test_a_bfloat16_merge_converts_to_bf16_named_as_llama_cpp_looks_for_it(exported, tiny_base, tmp_path):
+    """The 8B's merge is bfloat16: its text GGUF is BF16 (lossless, not F16), named `<stem>-BF16.gguf`,
+    the projector `mmproj-<stem>-F16.gguf` (`llama-server -hf repo:Q4_K_M` matches the type suffix)."""
+    from vgrpo.export import run_export
+
+    config = config_from_dict(tiny_params(export={"merged_dtype": "bfloat16", "quantizations": []}))
+    summary = run_export(config, tiny_base, exported.root / "adapter", tmp_path / "merged", tmp_path / "gguf")
+    assert sorted(summary["files"]) == [f"{STEM}-BF16.gguf", f"mmproj-{STEM}-F16.gguf"]
+    text = read_gguf(tmp_path / "gguf" / f"{STEM}-BF16.gguf")
+    assert text.file_type == "bf16" and "BF16" in text.tensor_types and "F16" not in text.tensor_types

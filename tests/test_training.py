@@ -4,6 +4,7 @@ outputs, resume, and bad input that fails before any model loads."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -168,6 +169,20 @@ def test_auto_backend_with_cuda_picks_unsloth_only_when_it_imports(monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # `import unsloth` now raises ImportError
     assert backends.resolve_backend("auto", cuda=True) == "hf"
     assert backends.resolve_backend("hf", cuda=True) == "hf"
+
+
+def test_unsloths_compiled_cache_goes_beside_the_local_builds_not_into_the_clone(monkeypatch, tmp_path):
+    """Unsloth reads UNSLOTH_COMPILE_LOCATION when imported (default ./unsloth_compiled_cache, the clone);
+    a user's own choice wins."""
+    from vgrpo.vendor import cache_dir
+
+    monkeypatch.setitem(sys.modules, "unsloth", types.ModuleType("unsloth"))
+    monkeypatch.delenv("UNSLOTH_COMPILE_LOCATION", raising=False)
+    backends.resolve_backend("auto", cuda=True)
+    assert os.environ["UNSLOTH_COMPILE_LOCATION"] == str(cache_dir() / "unsloth_compiled_cache")
+    monkeypatch.setenv("UNSLOTH_COMPILE_LOCATION", str(tmp_path))
+    backends.import_unsloth()
+    assert os.environ["UNSLOTH_COMPILE_LOCATION"] == str(tmp_path)
 
 
 class FakeFastVisionModel:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from vgrpo.config import Config, ModelParams, VgrpoError
 from vgrpo.files import atomic_dir, write_json
+from vgrpo.memory import check_cpu_can_run
 
 SOURCE_FILE = "source.json"
 # What Qwen3-VL's model and processor read: weights and their index, configs, tokenizer, chat template.
@@ -95,6 +96,7 @@ def record_local_base(model: ModelParams, base_dir: Path) -> dict:
         raise BaseModelError(f"params.yaml: model.name: {path} is a directory but holds no model (config.json and "
                              "*.safetensors); give a hub id, a model directory, or tiny")
     source = {"kind": "local", "name": model.name, "path": str(path), "files": weight_files_on_disk(path)}
+    check_machine_can_run(model, source["files"])
     write_source(base_dir, source)
     return source
 
@@ -111,15 +113,26 @@ def download_hub_base(model: ModelParams, base_dir: Path) -> dict:
     else:
         try:
             sha, files = hub_revision(model)
+            check_machine_can_run(model, files)  # before the download
             check_sizes(model, sha, Path(download(model, sha)), files)
             origin = "hub"
         except Unreachable as err:
             sha, files = cached_revision(model, why=str(err))
             origin = "cache (hub unreachable)"
+    check_machine_can_run(model, files)  # a cached model, too, before any stage loads it
     source = {"kind": "hub", "name": model.name, "revision": model.revision, "sha": sha,
               "endpoint": constants.ENDPOINT, "origin": origin, "files": files}
     write_source(base_dir, source)
     return source
+
+
+def check_machine_can_run(model: ModelParams, files: list[dict]) -> None:
+    """Without CUDA, a model too large for a CPU stops here, before its download, in one line that
+    names the CPU profiles (vgrpo.memory.check_cpu_can_run)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        check_cpu_can_run(sum(f["size"] or 0 for f in files), model.name)
 
 
 class Unreachable(Exception):

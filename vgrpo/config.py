@@ -199,6 +199,7 @@ class SmokeParams:
     n_threads: int = knob(ge=1)
     n_ctx: int = knob(ge=256)  # llama.cpp context: prompt (text + image tokens) + max_new_tokens
     cpu_repack: bool  # llama.cpp's repacked/AMX CPU weights (off: they crash in VMs without AMX state)
+    n_gpu_layers: int | Literal["auto"] = knob(ge=-1)  # text-model layers on the GPU: -1 all, 0 none, auto: what fits
     min_f16_token_agreement: float = knob(ge=0, le=1)  # teacher-forced, over the first first_k_tokens
     max_f16_logprob_diff: float = knob(gt=0)  # first token, over the HF model's 10 most likely tokens
     min_quant_token_agreement: float = knob(ge=0, le=1)  # the same two measures for quantized files, looser
@@ -312,10 +313,16 @@ def _check_value(value: Any, hint: Any, bounds: Any, path: str, source: str, par
         if value not in args:
             fail("one of " + ", ".join(str(a) for a in args))
         return value
-    if origin in (types.UnionType, typing.Union):  # `X | None`
-        if value is None:
+    if origin in (types.UnionType, typing.Union):  # `X | None`, `int | Literal["auto"]`: the first arm that fits
+        if value is None and type(None) in args:
             return None
-        return _check_value(value, next(a for a in args if a is not type(None)), bounds, path, source, partial)
+        expected = []
+        for arm in (a for a in args if a is not type(None)):
+            try:
+                return _check_value(value, arm, bounds, path, source, partial)
+            except ConfigError as err:
+                expected.append(str(err).split(": expected ", 1)[1].rsplit(", got ", 1)[0])
+        fail(" or ".join(expected))
     if origin is list:
         if not isinstance(value, list):
             fail("a list")

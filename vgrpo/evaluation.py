@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vgrpo import base, models
+from vgrpo import base, memory, models
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
 from vgrpo.prompts import hf_messages, parse_answer, reasoning_text
@@ -35,8 +35,6 @@ def load_base_and_adapter(config: Config, base_dir: Path, adapter_dir: Path, dty
 
     path = base.base_model_path(base_dir)
     model = models.load_model(path, dtype, load_in_4bit=config.train.load_in_4bit)
-    if torch.cuda.is_available() and not config.train.load_in_4bit:  # 4-bit weights are placed on the GPU as they load
-        model = model.to("cuda")
     model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     return model, models.load_processor(path, config.model)
 
@@ -195,14 +193,22 @@ def difference(trained, base):
 
 
 @torch.no_grad()
-def adapter_effect(model, processor, row) -> dict:
+def next_token_logits(model, processor, row) -> torch.Tensor:
+    """The next-token logits after one row's prompt, in float32."""
+    return model(**batch_inputs(processor, [row], model.device)).logits[0, -1].float()
+
+
+@torch.no_grad()
+def adapter_effect(model, processor, row, dtype: str) -> dict:
     """Are base and trained different models? The largest |lora_B| (0 means the adapter never moved:
-    LoRA starts with B = 0) and the largest change it makes to the next-token logits on one image."""
+    LoRA starts with B = 0) and the largest change it makes to the next-token logits on one image.
+    Both logits must be finite (`models.check_finite`)."""
     lora_b = max((p.abs().max().item() for n, p in model.named_parameters() if "lora_B" in n), default=0.0)
-    inputs = batch_inputs(processor, [row], model.device)
-    trained = model(**inputs).logits[0, -1].float()
+    trained = next_token_logits(model, processor, row)
     with model.disable_adapter():
-        untrained = model(**inputs).logits[0, -1].float()
+        untrained = next_token_logits(model, processor, row)
+    models.check_finite(untrained, dtype, "evaluate: the base model")
+    models.check_finite(trained, dtype, "evaluate: the trained model")
     return {"max_lora_b": lora_b, "max_logit_change": round((trained - untrained).abs().max().item(), 6)}
 
 
@@ -269,7 +275,11 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
               for split in params.splits}
     if progress is not None:
         progress.reset(total=len(MODELS) * sum(len(rows) for rows in splits.values()))
+    if torch.cuda.is_available():
+        memory.check_fits(memory.evaluate_plan(config, memory.base_shape(base.base_model_path(base_dir), config),
+                                               dtype), "evaluate", config, *memory.gpu_free_and_name())
     model, processor = load_base_and_adapter(config, base_dir, adapter_dir, dtype)
+    effect = adapter_effect(model, processor, next(iter(splits.values()))[0], dtype)  # before the long part
 
     records: dict[tuple[str, str], list[dict]] = {}
     completions_ids: dict[tuple[str, str], list[list[int]]] = {}
@@ -297,7 +307,7 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
                          if torch.cuda.is_available() else None}}
     metrics["decoding"] = {"do_sample": params.do_sample, "temperature": params.temperature if params.do_sample
                            else None, "max_new_tokens": params.max_new_tokens}
-    metrics["adapter"] = adapter_effect(model, processor, next(iter(splits.values()))[0])
+    metrics["adapter"] = effect
     for split in splits:
         base_records, trained_records = records[(split, "base")], records[(split, "trained")]
         metrics[split] = {"base": summarize(base_records, params), "trained": summarize(trained_records, params),

@@ -1,7 +1,9 @@
 """Export: the LoRA adapter merged into the base model (`models/merged`, safetensors + processor),
-then llama.cpp's own GGUF files (`models/gguf`): the text model in f16, the vision projector as
-`mmproj-*.gguf` (f16), and every quantization in `export.quantizations`. The model card comes later,
-from what `smoke` measured (vgrpo/card.py).
+then llama.cpp's own GGUF files (`models/gguf`): the text model unquantized (BF16 from a bfloat16
+merge, lossless; F16 otherwise), the vision projector as `mmproj-*-F16.gguf`, and every quantization
+in `export.quantizations`, named as llama.cpp's convention does (`Qwen3-VL-8B-Instruct-shapes-grpo-Q4_K_M.gguf`:
+`llama-server -hf <repo>:Q4_K_M` and Ollama's `hf.co/<repo>:Q4_K_M` find files by that suffix). The
+model card comes later, from what `smoke` measured (vgrpo/card.py).
 
 The converter is `convert_hf_to_gguf.py` from the sdist of the installed llama-cpp-python (see
 vgrpo/vendor.py), so the files are written by the same llama.cpp that reads them in `smoke`. It runs
@@ -21,9 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+import gguf
 import llama_cpp
 
-from vgrpo import base, models
+from vgrpo import base, memory, models
 from vgrpo.config import QUANTIZATIONS, Config, ModelParams, VgrpoError
 from vgrpo.files import atomic_dir, replace_dir
 from vgrpo.gguf_runtime import k_quant_share, quiet_llama_cpp, read_gguf
@@ -34,9 +37,38 @@ class ExportError(VgrpoError):
     """The adapter, the converter or the quantizer cannot produce the export."""
 
 
+FINETUNE = "shapes-grpo"
+GGUF_TYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f16"}  # merged dtype -> unquantized GGUF type
+
+
 def gguf_stem(model: ModelParams) -> str:
-    base = "qwen3vl-tiny" if model.name == "tiny" else Path(model.name).name
-    return f"{base}-shapes-grpo"
+    """The name before the type: base model, fine-tune (gguf-py's naming_convention, llama.cpp's own)."""
+    base = "Qwen3-VL-tiny" if model.name == "tiny" else Path(model.name).name
+    return gguf.naming_convention(base, None, FINETUNE, None, None, None)
+
+
+def gguf_name(stem: str, file_type: str, projector: bool = False) -> str:
+    """`<stem>-Q4_K_M.gguf`; the projector `mmproj-<stem>-F16.gguf`, as the converter's --mmproj names it."""
+    return ("mmproj-" if projector else "") + gguf.naming_convention(stem, None, None, None, None, file_type) + ".gguf"
+
+
+# --- Where to merge -----------------------------------------------------------------------------
+
+def merge_device(config: Config, base_path: str) -> str:
+    """The GPU when the base in `export.merged_dtype` fits its free memory and the GPU computes that dtype
+    natively; else the CPU, where the merge holds the base in host RAM (about its weights: 17.5 GB for the
+    8B in bfloat16)."""
+    import torch
+
+    from vgrpo.devices import current_device
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    if config.export.merged_dtype == "bfloat16" and not current_device().native_bf16:
+        return "cpu"
+    shape = memory.base_shape(base_path, config)
+    need = memory.weights_bytes(shape, config.export.merged_dtype, False) + shape.lora * 4 + memory.OVERHEAD
+    return "cuda" if need <= memory.gpu_free_and_name()[0] else "cpu"
 
 
 # --- Merge ------------------------------------------------------------------------------------
@@ -49,7 +81,9 @@ def merge_adapter(config: Config, base_dir: Path, adapter_dir: Path, out_dir: Pa
 
     models.check_adapter(adapter_dir)
     # The base comes from models/base, not from adapter_config.json, whose path is the training machine's.
-    base_model = models.load_model(base.base_model_path(base_dir), config.export.merged_dtype)
+    path = base.base_model_path(base_dir)
+    base_model = models.load_model(path, config.export.merged_dtype, device=merge_device(config, path),
+                                   vision_float32=False)
     merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
     processor = models.load_processor(str(adapter_dir), config.model)
     merged.save_pretrained(out_dir, safe_serialization=True)
@@ -58,10 +92,10 @@ def merge_adapter(config: Config, base_dir: Path, adapter_dir: Path, out_dir: Pa
 
 # --- GGUF -------------------------------------------------------------------------------------
 
-def convert(merged_dir: Path, outfile: Path, name: str, projector: bool = False) -> None:
+def convert(merged_dir: Path, outfile: Path, name: str, outtype: str = "f16", projector: bool = False) -> None:
     """One run of llama.cpp's converter: the text model, or with `--mmproj` the vision projector."""
     converter = llama_cpp_dir()
-    command = [sys.executable, str(converter / "convert_hf_to_gguf.py"), str(merged_dir), "--outtype", "f16",
+    command = [sys.executable, str(converter / "convert_hf_to_gguf.py"), str(merged_dir), "--outtype", outtype,
                "--outfile", str(outfile), "--model-name", name, *(["--mmproj"] if projector else [])]
     pythonpath = os.pathsep.join(p for p in (str(converter / "gguf-py"), os.environ.get("PYTHONPATH")) if p)
     result = subprocess.run(command, env={**os.environ, "PYTHONPATH": pythonpath}, capture_output=True, text=True)
@@ -95,13 +129,15 @@ def run_export(config: Config, base_dir: Path, adapter_dir: Path, merged_dir: Pa
     stem = gguf_stem(config.model)
     with atomic_dir(merged_dir, swap=False) as merged_tmp, atomic_dir(gguf_dir, swap=False) as gguf_tmp:
         merge_adapter(config, base_dir, adapter_dir, merged_tmp)
-        f16, projector_path = gguf_tmp / f"{stem}-f16.gguf", gguf_tmp / f"mmproj-{stem}-f16.gguf"
-        convert(merged_tmp, f16, stem)
-        convert(merged_tmp, projector_path, stem, projector=True)
-        texts = [read_gguf(f16)]
+        outtype = GGUF_TYPES[config.export.merged_dtype]
+        unquantized = gguf_tmp / gguf_name(stem, outtype)
+        projector_path = gguf_tmp / gguf_name(stem, "f16", projector=True)
+        convert(merged_tmp, unquantized, stem, outtype)
+        convert(merged_tmp, projector_path, stem, "f16", projector=True)
+        texts = [read_gguf(unquantized)]
         for quantization in config.export.quantizations:
-            quantize(f16, gguf_tmp / f"{stem}-{quantization}.gguf", quantization)
-            texts.append(read_gguf(gguf_tmp / f"{stem}-{quantization}.gguf"))
+            quantize(unquantized, gguf_tmp / gguf_name(stem, quantization), quantization)
+            texts.append(read_gguf(gguf_tmp / gguf_name(stem, quantization)))
         projector = read_gguf(projector_path, projector=True)
         files = {info.path.name: {"file_type": info.file_type, "bytes": info.path.stat().st_size,
                                   "tensor_types": info.tensor_types, "k_quant_share": k_quant_share(info.tensor_types)}

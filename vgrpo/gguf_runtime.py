@@ -9,12 +9,14 @@ that is right answers the same garbage, token for token.
 from __future__ import annotations
 
 import ctypes
+import gc
 import io
 import math
 import mmap
 import struct
 import sys
 import time
+import weakref
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 from llama_cpp.llama_chat_format import MTMDChatHandler
 
-from vgrpo import models
+from vgrpo import memory, models
 from vgrpo.config import QUANTIZATIONS, Config, SmokeParams, VgrpoError
 from vgrpo.files import write_json, write_jsonl
 from vgrpo.prompts import hf_messages, llama_cpp_messages, parse_answer
@@ -37,7 +39,10 @@ TEXT_ARCHITECTURE = "qwen3vl"  # general.architecture of Qwen3-VL's text GGUF
 PROJECTOR_ARCHITECTURE = "clip"  # ... of every llama.cpp mmproj
 FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16", **{ftype: name for name, ftype in QUANTIZATIONS.items()}}
 UNQUANTIZED = ("f32", "f16", "bf16")
-TOP_TOKENS = 10  # first-token log-probs are compared on the reference's most likely tokens, not the noisy tail
+# Log-probs are compared where the reference gives a token p > 1e-3, not in the tail: a bf16 or 4-bit
+# reference against an f16 file differs most on unlikely tokens (README: the smoke reference's precision).
+MIN_REFERENCE_P = 1e-3
+LLAMA_CPP_RESERVE = 1.0e9  # GPU bytes llama.cpp needs beside the layers it offloads: KV cache, compute buffers
 _GGML_LOG_LEVEL_ERROR = 3
 
 
@@ -54,6 +59,7 @@ class GGUFInfo:
     file_type: str  # "f16", "q4_k_m", ... from general.file_type
     width: int  # text: embedding length; projector: the text width it projects to
     tensor_types: dict[str, int]  # ggml type name -> number of tensors
+    layers: int | None = None  # text: block count (what n_gpu_layers counts)
 
 
 def read_gguf(path: Path, projector: bool = False) -> GGUFInfo:
@@ -80,8 +86,10 @@ def read_gguf(path: Path, projector: bool = False) -> GGUFInfo:
     if width_key not in fields:
         raise GGUFError(f"{path}: header lacks {width_key}")
     file_type = fields.get("general.file_type")
+    layers = None if projector else fields.get(f"{architecture}.block_count")
     return GGUFInfo(path=path, architecture=architecture, file_type=FILE_TYPES.get(file_type, f"ftype{file_type}"),
-                    width=int(fields[width_key]), tensor_types=dict(Counter(tensor_types).most_common()))
+                    width=int(fields[width_key]), tensor_types=dict(Counter(tensor_types).most_common()),
+                    layers=None if layers is None else int(layers))
 
 
 # GGUF value type -> struct format. Arrays hold one of these or strings.
@@ -195,6 +203,22 @@ def quiet_llama_cpp() -> None:
     mtmd_cpp.mtmd_helper_log_set(_errors_only, ctypes.c_void_p(0))
 
 
+def gpu_layers(text: GGUFInfo, projector: GGUFInfo, params: SmokeParams) -> int:
+    """How many of the text model's layers llama.cpp puts on the GPU: smoke.n_gpu_layers, or for `auto`
+    all of them (-1) when the file fits the GPU's free memory beside the projector and LLAMA_CPP_RESERVE,
+    else the share of layers that fits (a 16 GB f16 8B on a T4), and 0 without a GPU or a CUDA build
+    of llama.cpp."""
+    if params.n_gpu_layers != "auto":
+        return params.n_gpu_layers
+    if not torch.cuda.is_available() or not llama_cpp.llama_supports_gpu_offload():
+        return 0
+    free = torch.cuda.mem_get_info()[0] - projector.path.stat().st_size - LLAMA_CPP_RESERVE
+    size = text.path.stat().st_size
+    if size <= free:
+        return -1
+    return max(0, int((text.layers or 0) * free / size))
+
+
 @contextmanager
 def open_llama(text: GGUFInfo, projector: GGUFInfo, params: SmokeParams):
     """A llama-cpp-python model with its projector, closed on exit; yields it and the seconds both took to load."""
@@ -216,7 +240,7 @@ def open_llama(text: GGUFInfo, projector: GGUFInfo, params: SmokeParams):
         llama = llama_cpp.Llama(
             model_path=str(text.path), chat_handler=handler, n_ctx=params.n_ctx, n_threads=params.n_threads,
             n_threads_batch=params.n_threads, verbose=False,
-            n_gpu_layers=-1,  # everything on the GPU when llama.cpp was built with one; ignored otherwise
+            n_gpu_layers=gpu_layers(text, projector, params),  # ignored by a llama.cpp built without a GPU
         )
     except ValueError as err:
         raise GGUFError(f"{text.path}: llama.cpp cannot load it ({err})") from None
@@ -384,37 +408,39 @@ class Run:
     count_positions: list[int | None] | None = None  # the reference's: where each answer states its count
 
 
-def run_hf(merged_dir: Path, config: Config, dtype: str, samples: list[dict]) -> tuple[Run, float]:
-    """The merged model's answers, loaded as `train` loaded the base (dtype, 4-bit); then the model is
-    freed, so llama.cpp gets the GPU memory. Returns the run and the GiB it held."""
+def run_hf(merged_dir: Path, config: Config, dtype: str, samples: list[dict]) -> tuple[Run, dict]:
+    """The merged model's answers, loaded as `train` loaded the base (dtype, 4-bit), straight onto the GPU
+    when there is one; then the model is freed for real, so llama.cpp gets its GPU memory. Returns the run
+    and what freeing gave back: the GPU's free memory with the model loaded and after (the driver's
+    figures, torch.cuda.mem_get_info, after PyTorch's cache is emptied), or on a CPU the weights' bytes;
+    and whether the model object is gone."""
+    run, model_ref, free_loaded, weights = _merged_model_answers(merged_dir, config, dtype, samples)
+    gc.collect()  # the model lived only in that call's frame; a cycle inside it needs the collector
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.empty_cache()  # PyTorch's caching allocator keeps freed blocks for itself until told
+    free_after = torch.cuda.mem_get_info()[0] if cuda else None
+    freed = (free_after - free_loaded) if cuda else weights
+    return run, {"model_released": model_ref() is None, "memory_freed_gb": round(freed / 2**30, 3),
+                 "gpu_free_gb_loaded": None if free_loaded is None else round(free_loaded / 2**30, 3),
+                 "gpu_free_gb_after": None if free_after is None else round(free_after / 2**30, 3)}
+
+
+def _merged_model_answers(merged_dir: Path, config: Config, dtype: str, samples: list[dict]):
+    """The model exists only in this frame: no caller can keep it alive. Returns the run, a weak reference
+    to the model, the GPU's free bytes while it is loaded (None on a CPU) and its weights' bytes."""
     start = time.perf_counter()
     processor = models.load_processor(str(merged_dir), config.model)
     model = models.load_model(str(merged_dir), dtype, load_in_4bit=config.train.load_in_4bit).eval()
-    if torch.cuda.is_available() and not config.train.load_in_4bit:
-        model = model.to("cuda")
     load_seconds = time.perf_counter() - start
     answers = [hf_answer(model, processor, s["question"], s["image"], config.smoke.max_new_tokens) for s in samples]
+    models.check_finite(torch.from_numpy(answers[0].first_logprobs), dtype, f"smoke: the merged model ({merged_dir})")
     positions = [count_position(a.token_ids, processor.tokenizer) for a in answers]
     embeddings = [hf_image_embeddings(model, processor, s["image"]) for s in samples]
-    held = free_model(model)
-    return Run(answers, load_seconds, embeddings, count_positions=positions), held
-
-
-def free_model(model) -> float:
-    """Delete the transformers model and hand its memory back (PyTorch keeps freed CUDA memory cached
-    for itself unless told otherwise). Returns the GiB it held: CUDA memory reserved by PyTorch, or on
-    a CPU the size of its weights."""
-    import gc
-
-    if torch.cuda.is_available():
-        held = torch.cuda.memory_reserved()
-    else:
-        held = sum(p.numel() * p.element_size() for p in model.parameters())
-    del model
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return round(held / 2**30, 3)
+    free_loaded = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return (Run(answers, load_seconds, embeddings, count_positions=positions), weakref.ref(model), free_loaded,
+            weights)
 
 
 def run_llama(text: GGUFInfo, projector: GGUFInfo, samples: list[dict], params: SmokeParams, reference: Run) -> Run:
@@ -434,11 +460,17 @@ def token_agreement(choices: list[int], reference: list[int]) -> float:
     return sum(a == b for a, b in zip(choices, reference, strict=False)) / len(reference) if reference else 1.0
 
 
-def top_k_tv(logprobs: np.ndarray, reference: np.ndarray) -> float:
-    """Total-variation distance between two next-token distributions, seen through the reference's
-    TOP_TOKENS most likely tokens plus one bucket for all the others (0: the same, 1: disjoint)."""
-    top = np.argsort(-reference)[:TOP_TOKENS]
-    p, q = np.exp(logprobs[top]), np.exp(reference[top])
+def likely_tokens(reference: np.ndarray) -> np.ndarray:
+    """The tokens the reference gives p > MIN_REFERENCE_P (its top token always)."""
+    likely = np.flatnonzero(reference > np.log(MIN_REFERENCE_P))
+    return likely if likely.size else np.array([int(np.argmax(reference))])
+
+
+def likely_tv(logprobs: np.ndarray, reference: np.ndarray) -> float:
+    """Total-variation distance between two next-token distributions, seen through the reference's likely
+    tokens (`likely_tokens`) plus one bucket for all the others (0: the same, 1: disjoint)."""
+    likely = likely_tokens(reference)
+    p, q = np.exp(logprobs[likely]), np.exp(reference[likely])
     return float(0.5 * (np.abs(p - q).sum() + abs(q.sum() - p.sum())))
 
 
@@ -447,13 +479,13 @@ def count_mismatch(run: Run, reference: Run) -> float | None:
     both following the reference's own answer up to its count. None when no answer states a count."""
     pairs = [(f.count_logprobs, r.count_logprobs) for f, r in zip(run.forced, reference.answers, strict=True)
              if f.count_logprobs is not None and r.count_logprobs is not None]
-    return float(np.mean([top_k_tv(p, q) for p, q in pairs])) if pairs else None
+    return float(np.mean([likely_tv(p, q) for p, q in pairs])) if pairs else None
 
 
-def top_logprob_diff(logprobs: np.ndarray, reference: np.ndarray) -> float:
-    """Largest |log p - log p_ref| over the reference's TOP_TOKENS most likely tokens."""
-    top = np.argsort(-reference)[:TOP_TOKENS]
-    return float(np.abs(logprobs[top] - reference[top]).max())
+def logprob_diff(logprobs: np.ndarray, reference: np.ndarray) -> float:
+    """Largest |log p - log p_ref| over the reference's likely tokens (`likely_tokens`)."""
+    likely = likely_tokens(reference)
+    return float(np.abs(logprobs[likely] - reference[likely]).max())
 
 
 def tokens_per_second(answers: list[Answer]) -> float:
@@ -479,7 +511,7 @@ def parity(run: Run, reference: Run, k: int) -> dict:
     return {
         "first_k_token_agreement": _mean([token_agreement(f.choices, r.token_ids[:k])
                                           for f, (_, r) in zip(run.forced, pairs, strict=True)]),
-        "first_token_logprob_diff": round(max(top_logprob_diff(a.first_logprobs, r.first_logprobs)
+        "first_token_logprob_diff": round(max(logprob_diff(a.first_logprobs, r.first_logprobs)
                                               for a, r in pairs), 6),
         # Two answers that give no number are not an agreement.
         "answer_agreement": _mean([a is not None and a == r for a, r in answers]),
@@ -545,22 +577,27 @@ def run_smoke(config: Config, dtype: str, merged_dir: Path, gguf_dir: Path, data
     samples = smoke_samples(data_dir, params.num_images)
     torch.set_num_threads(params.n_threads)  # the same CPU threads on both sides
 
+    if torch.cuda.is_available():
+        memory.check_fits(memory.smoke_plan(config, memory.base_shape(str(merged_dir), config), dtype),
+                          "the merged model in smoke", config, *memory.gpu_free_and_name())
     runs = {}
-    runs["hf"], held = run_hf(merged_dir, config, dtype, samples)
+    runs["hf"], freed = run_hf(merged_dir, config, dtype, samples)
     log(f"smoke: hf {tokens_per_second(runs['hf'].answers):.1f} tokens/s; freed the transformers model "
-        f"({held:.2f} GiB {'of CUDA memory' if torch.cuda.is_available() else 'of weights'}) before llama.cpp loads")
+        f"({freed['memory_freed_gb']:.2f} GiB {'of GPU memory' if torch.cuda.is_available() else 'of weights'}) "
+        "before llama.cpp loads")
     files = {}
     for text in texts:
         run = runs[text.path.name] = run_llama(text, projector, samples, params, runs["hf"])
         m = files[text.path.name] = {
             "path": str(text.path), "file_type": text.file_type, "mmproj": projector.path.name,
+            "n_gpu_layers": gpu_layers(text, projector, params),
             **scores(run, samples), **parity(run, runs["hf"], params.first_k_tokens),
             "tensor_types": text.tensor_types, "k_quant_share": k_quant_share(text.tensor_types)}
         log(f"smoke: {text.path.name} {m['tokens_per_second']:.1f} tokens/s, first-{params.first_k_tokens} token "
             f"agreement {m['first_k_token_agreement']}, first-token log-prob diff {m['first_token_logprob_diff']}")
     metrics = {"num_images": len(samples), "first_k_tokens": params.first_k_tokens,
                "hf": {**scores(runs["hf"], samples), "dtype": dtype, "load_in_4bit": config.train.load_in_4bit,
-                      "memory_freed_gb": held}, "files": files}
+                      **freed}, "files": files}
     records = [{"model": name, "id": s["id"], "question": s["question"], "answer": s["answer"],
                 "completion": a.text, "parsed": parse_answer(a.text), "tokens": len(a.token_ids)}
                for name, run in runs.items() for s, a in zip(samples, run.answers, strict=True)]

@@ -4,12 +4,15 @@ The `hf` backend is transformers' `AutoModelForImageTextToText` + PEFT `LoraConf
 backend is `FastVisionModel` (CUDA only, imported lazily). Both put LoRA on the same modules, which
 this project decides (`lora_target_modules`) and hands to both: the language decoder's and the vision
 tower's attention and MLP projections, the vision merger included, each part switchable. Both load
-the base in the same dtype (`vgrpo.devices`) and, with `train.load_in_4bit`, in 4-bit NF4.
+the base in the same dtype (`vgrpo.devices`) and, with `train.load_in_4bit`, in 4-bit NF4, straight
+onto the GPU when there is one. In float16 the vision tower stays in float32 (`keep_vision_in_float32`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -35,14 +38,42 @@ def load_processor(path: str, model: ModelParams):
     return processor
 
 
-def load_model(path: str, dtype: str, load_in_4bit: bool = False, attn_implementation: str | None = None):
+def load_model(path: str, dtype: str, load_in_4bit: bool = False, attn_implementation: str | None = None,
+               device: str | None = None, vision_float32: bool = True):
     """The model in `dtype` (already resolved, never `auto`), or with 4-bit NF4 weights computing in
-    `dtype` (bitsandbytes, CUDA only)."""
+    `dtype` (bitsandbytes, CUDA only). `device`: where the weights load, "cuda" (this process's GPU:
+    LOCAL_RANK under a launcher) or "cpu"; by default the GPU when there is one, loaded there directly
+    (a device_map), so a 16-bit 8B does not pass through 17.5 GB of host RAM. "none": no device_map, for
+    DeepSpeed ZeRO-3, which places the weights itself. `vision_float32`: in float16, the vision tower in
+    float32 (`keep_vision_in_float32`); off for a merge, which saves the weights in one dtype."""
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if load_in_4bit:
         kwargs["quantization_config"] = quantization_config(dtype)
-        kwargs["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
-    return AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
+    if device == "cuda":
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
+    if dtype == "float16" and vision_float32:
+        keep_vision_in_float32(model)
+    return model
+
+
+def keep_vision_in_float32(model) -> None:
+    """Qwen3-VL's vision MLP overflows float16 (its activations pass 65,504; unsloth-zoo pull request 787,
+    found on Apple M-series): where float16 is the compute dtype (GPUs without native bf16: T4, V100),
+    the vision tower keeps float32 weights and runs with autocast off, so a float16 trainer's autocast
+    does not put it back in float16. Qwen3-VL casts its outputs to the decoder's dtype itself
+    (get_image_features, _deepstack_process)."""
+    visual = model.get_base_model().model.visual if hasattr(model, "get_base_model") else model.model.visual
+    visual.float()
+    forward = visual.forward
+
+    @functools.wraps(forward)
+    def float32_forward(hidden_states, *args, **kwargs):
+        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            return forward(hidden_states.float(), *args, **kwargs)
+
+    visual.forward = float32_forward
 
 
 def quantization_config(dtype: str):
@@ -52,6 +83,15 @@ def quantization_config(dtype: str):
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=DTYPES[dtype], llm_int8_skip_modules=["visual", "lm_head"])
+
+
+def check_finite(logits: torch.Tensor, dtype: str, where: str) -> None:
+    """Logits with inf or nan mean float16 overflowed (or the weights are damaged): every answer after
+    them would be garbage, so the stage stops here, in one line."""
+    if not torch.isfinite(logits).all():
+        raise VgrpoError(f"{where}: the model's next-token logits are not finite (inf or nan) in {dtype}: float16 "
+                         "overflowed or the weights are damaged; set model.dtype: float32, or bfloat16 on a GPU that "
+                         "runs it natively")
 
 
 def check_adapter(adapter_dir: Path) -> None:
@@ -97,7 +137,7 @@ def load_for_training(path: str, model: ModelParams, train: TrainParams, backend
 def _hf_lora(path: str, model: ModelParams, train: TrainParams, dtype: str, zero3: bool):
     from peft import LoraConfig, get_peft_model
 
-    base = load_model(path, dtype, load_in_4bit=train.load_in_4bit)
+    base = load_model(path, dtype, load_in_4bit=train.load_in_4bit, device="none" if zero3 else None)
     config = LoraConfig(r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout,
                         bias=train.lora_bias, target_modules=lora_target_modules(train))
     torch.manual_seed(train.seed)  # LoRA A matrices are random: same seed, same adapter
@@ -114,6 +154,8 @@ def _unsloth_lora(path: str, model: ModelParams, train: TrainParams, dtype: str)
     base, processor = FastVisionModel.from_pretrained(
         path, load_in_4bit=train.load_in_4bit, use_gradient_checkpointing=checkpointing, dtype=DTYPES[dtype],
     )
+    if dtype == "float16":  # Unsloth's list of models it runs in float32 has no Qwen3-VL
+        keep_vision_in_float32(base)
     # Our regex, not Unsloth's own target builder (which leaves out the vision merger and deepstack
     # mergers): a string is used as given, and the finetune_* switches are already in it.
     peft_model = FastVisionModel.get_peft_model(

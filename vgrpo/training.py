@@ -22,11 +22,11 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
-from vgrpo import base, models
+from vgrpo import base, memory, models
 from vgrpo.config import Config, ConfigError, TrainParams
 from vgrpo.curves import LiveCurves
 from vgrpo.devices import trainer_precision
-from vgrpo.evaluation import greedy_accuracy
+from vgrpo.evaluation import greedy_accuracy, next_token_logits
 from vgrpo.files import atomic_dir, detach, replace_dir
 from vgrpo.prompts import hf_messages
 from vgrpo.rewards import reward_functions
@@ -241,6 +241,9 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
     # First: building the config sets up the process group and, under ZeRO-3, makes from_pretrained
     # partition the weights while they load.
     args = grpo_config(train, checkpoints_dir, dtype, cuda)
+    if cuda:  # before the weights load: a run that cannot fit stops in one line that names the profile to use
+        shape = memory.base_shape(base.base_model_path(base_dir), config)
+        memory.check_fits(memory.train_plan(config, shape, dtype), "training", config, *memory.gpu_free_and_name())
     main_process = args.process_index == 0
     source = base.read_source(base_dir)
     splits = load_dataset(data_dir, splits=("train", "val"))
@@ -259,6 +262,8 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
     model, processor = models.load_for_training(base.base_model_path(base_dir), config.model, train, backend, dtype,
                                                 zero3=is_zero3(args))
     prompt_tokens = check_prompt_length(dataset, processor, train.max_prompt_length)
+    if not is_zero3(args):  # ZeRO-3's partitioned weights run only inside its engine
+        models.check_finite(next_token_logits(model, processor, dataset[0]), dtype, "train: the base model")
     trainable = models.trainable_summary(model)
     logger.info("backend=%s trainable LoRA parameters: %s; prompt tokens <= %d", backend, trainable, prompt_tokens)
 
