@@ -181,8 +181,8 @@ def test_a_model_too_large_for_a_cpu_stops_before_its_download(tiny_files, tmp_p
         assert not any(r.startswith("GET /cdn-lfs/") for r in hub.requests)  # nothing downloaded
     total = sum(p.stat().st_size for p in large.glob("*.safetensors")) / 1e9
     assert line.startswith(f"error: params.yaml: model.name: {REPO} has {total:.1f} GB of weights and this machine "
-                           "has no CUDA GPU (it would load in float32 on the CPU): run it on a GPU, or use a CPU profile: "
-                           "dvc exp run -S profile=tiny, or -S profile=cpu")
+                           "has no CUDA GPU (it would load in float32 on the CPU): run it on a GPU, or use a CPU "
+                           "profile: dvc exp run -S profile=tiny, or -S profile=cpu")
     assert not (tmp_path / "b").exists()
 
 
