@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from vgrpo.base import base_model_path  # noqa: E402
 from vgrpo.config import load_config  # noqa: E402
-from vgrpo.evaluation import batch_inputs, completion_texts  # noqa: E402
+from vgrpo.generation import batch_inputs, completion_texts  # noqa: E402
 from vgrpo.models import load_model, load_processor  # noqa: E402
 from vgrpo.prompts import brief_answer, parse_answer, reference_answer  # noqa: E402
 from vgrpo.shapes import load_dataset  # noqa: E402

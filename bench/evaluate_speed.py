@@ -14,7 +14,7 @@ import yaml
 
 from vgrpo import models, shapes
 from vgrpo.config import config_from_dict
-from vgrpo.evaluation import generate
+from vgrpo.generation import generate
 
 
 def throughput(model, processor, rows, params) -> float:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from vgrpo import warm_start  # noqa: E402
 from vgrpo.base import base_model_path  # noqa: E402
 from vgrpo.config import load_config  # noqa: E402
-from vgrpo.evaluation import greedy_accuracy  # noqa: E402
+from vgrpo.generation import greedy_accuracy  # noqa: E402
 from vgrpo.models import load_model, load_processor  # noqa: E402
 from vgrpo.shapes import dataset_colours, load_dataset  # noqa: E402
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import copy_repo, run, stage, tiny_params, write_params
 
-from vgrpo import evaluation, models, prompts
+from vgrpo import evaluation, generation, models, prompts
 from vgrpo.base import base_model_path
 from vgrpo.config import config_from_dict
 
@@ -114,15 +114,15 @@ def model_and_rows(tiny_base, tmp_path_factory):
 
 def test_batched_greedy_equals_one_at_a_time(model_and_rows):
     config, model, processor, rows = model_and_rows
-    batched = evaluation.generate(model, processor, rows, max_new_tokens=12)
-    single = [evaluation.generate(model, processor, [row], max_new_tokens=12)[0] for row in rows]
+    batched = generation.generate(model, processor, rows, max_new_tokens=12)
+    single = [generation.generate(model, processor, [row], max_new_tokens=12)[0] for row in rows]
     assert batched == single
 
 
 def test_attention_share_and_grid(model_and_rows):
     config, model, processor, rows = model_and_rows
     evaluation.with_eager_attention(model)
-    completion = evaluation.generate(model, processor, rows[:1], config.evaluate.max_new_tokens)[0]
+    completion = generation.generate(model, processor, rows[:1], config.evaluate.max_new_tokens)[0]
     share, grid = evaluation.image_attention(model, processor, rows[0], completion)
     assert grid.shape == (8, 8)  # 64 image tokens for 256x256
     assert 0.0 < share < 1.0

@@ -22,7 +22,8 @@ import torch
 from conftest import load_params, lora_model, stage, tiny_config, write_params
 
 from vgrpo.config import config_from_dict
-from vgrpo.evaluation import completion_texts, score
+from vgrpo.evaluation import score
+from vgrpo.generation import completion_texts
 from vgrpo.rewards import REWARDS, reward_functions
 from vgrpo.sampling import inverse_cdf_sampling
 from vgrpo.shapes import load_dataset

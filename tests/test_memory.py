@@ -89,7 +89,7 @@ def test_a_model_too_large_for_a_cpu_stops_in_one_line_naming_the_cpu_profiles()
 def test_float16_keeps_the_vision_tower_in_float32(tiny_base, tiny_dataset):
     """On GPUs without native bf16 the model runs in float16; Qwen3-VL's vision MLP overflows there, so the
     vision tower keeps float32 weights and stays out of autocast. Run here on the CPU, in float16."""
-    from vgrpo.evaluation import next_token_logits
+    from vgrpo.generation import next_token_logits
     from vgrpo.shapes import load_dataset
 
     model = models.load_model(str(tiny_base), "float16").eval()

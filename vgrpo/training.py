@@ -26,8 +26,8 @@ from vgrpo import base, memory, models
 from vgrpo.config import Config, ConfigError, TrainParams
 from vgrpo.curves import LiveCurves
 from vgrpo.devices import trainer_precision
-from vgrpo.evaluation import greedy_accuracy, next_token_logits
 from vgrpo.files import atomic_dir, detach, replace_dir
+from vgrpo.generation import greedy_accuracy, next_token_logits
 from vgrpo.prompts import hf_messages
 from vgrpo.rewards import reward_functions
 from vgrpo.sampling import inverse_cdf_sampling

@@ -247,7 +247,7 @@ def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, d
     from dvclive import Live
 
     from vgrpo.curves import LiveCurves
-    from vgrpo.evaluation import greedy_accuracy
+    from vgrpo.generation import greedy_accuracy
     from vgrpo.models import load_model, load_processor
 
     torch.manual_seed(params.seed)
