@@ -9,7 +9,9 @@ brief style: the probability of that first token, teacher-forced, right where th
     .venv/bin/python bench/answer_styles.py --repo /tmp/cpu-run
 
 Prints, for each model: the brief style's first-token probability (mean, min, max over the images),
-then for each way: test accuracy and the share of brief answers.
+then for each way: test accuracy and the share of brief answers; last, what GRPO added over its starting
+point's better decoding: trained (as it answers) minus the warm start made to describe, on the same
+images, with the paired 95% interval and McNemar's p (vgrpo.evaluation's, as `evaluate` computes them).
 """
 
 import sys
@@ -23,21 +25,11 @@ sys.path.insert(0, str(ROOT))
 
 from vgrpo.base import base_model_path  # noqa: E402
 from vgrpo.config import load_config  # noqa: E402
+from vgrpo.evaluation import mcnemar_p, paired_bootstrap_ci  # noqa: E402
 from vgrpo.generation import batch_inputs, completion_texts  # noqa: E402
 from vgrpo.models import load_model, load_processor  # noqa: E402
-from vgrpo.prompts import brief_answer, parse_answer, reference_answer  # noqa: E402
+from vgrpo.prompts import brief_style_fork, parse_answer  # noqa: E402
 from vgrpo.shapes import load_dataset  # noqa: E402
-
-COUNTS = {"triangles": 2, "circles": 3, "squares": 1}  # any image: the styles differ in words, not in counts
-COLOURS = {"triangles": "red", "circles": "blue", "squares": "green"}
-
-
-def style_fork(tokenizer) -> tuple[list[int], int]:
-    """The tokens both answer styles begin with, and the first token of the brief one after them."""
-    brief = tokenizer(brief_answer(COUNTS, COLOURS, "circles"), add_special_tokens=False)["input_ids"]
-    described = tokenizer(reference_answer(COUNTS, COLOURS, "circles"), add_special_tokens=False)["input_ids"]
-    fork = next(i for i, (b, d) in enumerate(zip(brief, described, strict=False)) if b != d)
-    return brief[:fork], brief[fork]
 
 
 @torch.no_grad()
@@ -65,19 +57,26 @@ def main(repo: Path) -> None:
     config = load_config(repo / "params.yaml")
     test = load_dataset(repo / "data/shapes", splits=("test",))["test"]
     rows = [test[i] for i in range(min(config.evaluate.max_samples["test"], len(test)))]
+    right = {}  # (model, way) -> per image: answered right?
     for name, path in (("warm start", base_model_path(repo / "models/base")), ("trained", repo / "models/merged")):
         processor = load_processor(path, config.model)
         net = load_model(path, "float32").eval()
-        prefix, brief_token = style_fork(processor.tokenizer)
+        prefix, brief_token = brief_style_fork(processor.tokenizer)
         probabilities = brief_token_probabilities(net, processor, rows, prefix, brief_token)
         print(f"{name:10s} brief style's first-token probability: mean {sum(probabilities) / len(rows):.3f}, "
               f"min {min(probabilities):.3f}, max {max(probabilities):.3f} ({len(rows)} images)")
         for way, forbidden in (("as it answers", None), ("brief style forbidden", [[brief_token]])):
             texts = completion_texts(net, processor, rows, config.evaluate.max_new_tokens, bad_words_ids=forbidden)
-            right = sum(parse_answer(t) == int(r["answer"]) for t, r in zip(texts, rows, strict=True))
+            correct = [parse_answer(t) == int(r["answer"]) for t, r in zip(texts, rows, strict=True)]
+            right[(name, way)] = correct
             brief = sum(brief_token in processor.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts)
-            print(f"{name:10s} {way:22s} test accuracy {right / len(rows):.3f} ({len(rows)} images), "
+            print(f"{name:10s} {way:22s} test accuracy {sum(correct) / len(rows):.3f} ({len(rows)} images), "
                   f"brief answers {brief / len(rows):.3f}")
+    described, trained = right[("warm start", "brief style forbidden")], right[("trained", "as it answers")]
+    low, high = paired_bootstrap_ci(described, trained, config.evaluate.bootstrap_samples, config.evaluate.seed)
+    print(f"trained minus warm start made to describe: {(sum(trained) - sum(described)) / len(rows):+.3f} "
+          f"(paired 95% CI [{low:+.3f}, {high:+.3f}], McNemar p {mcnemar_p(described, trained):.3g}, "
+          f"{len(rows)} images)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ then the figures the README's CPU section reports, and the picture of its curves
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # keep the clone (bench/sft_control.py reads it)
     .venv/bin/python bench/cpu_run.py --picture docs/cpu_run.png
     .venv/bin/python bench/cpu_run.py --set profiles.cpu.train.max_steps=450   # a variant: `dvc exp run -S` each
+    .venv/bin/python bench/cpu_run.py --report /tmp/cpu-run    # the figures of a run made before (not timed)
 
 Prints minutes per stage (from when DVC starts each), the warm start's held-out accuracy, base vs
 trained on test with the paired bootstrap interval and McNemar's p, accuracy per count, how often
@@ -21,7 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import click
@@ -70,7 +71,7 @@ def curve(repo: Path, relative: str, field: str) -> list[tuple[int, float]]:
 
 def answers_given(repo: Path, split: str) -> dict[str, Counter]:
     """How often each model gave each answer (None: no number) on a split: reports/eval/predictions.jsonl."""
-    given = {"base": Counter(), "trained": Counter()}
+    given = defaultdict(Counter)
     for line in (repo / "reports/eval/predictions.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record["split"] == split:
@@ -78,15 +79,17 @@ def answers_given(repo: Path, split: str) -> dict[str, Counter]:
     return given
 
 
-def report(repo: Path, seconds: dict[str, float], total: float, settings: tuple[str, ...] = ()) -> None:
+def report(repo: Path, seconds: dict[str, float], total: float | None, settings: tuple[str, ...] = ()) -> None:
+    """The figures of a finished run; with `total` (a timed run), minutes per stage first."""
     base = read(repo, "reports/base/metrics.json")
     train = read(repo, "reports/train/metrics.json")
     evaluation = read(repo, "reports/eval/metrics.json")
     smoke = read(repo, "reports/smoke/metrics.json")
-    print(f"\nwall time, {' '.join(exp_run_command(settings))}: {total / 60:.1f} min; peak RSS "
-          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GB")
-    for name in STAGES:
-        print(f"  {name:<9} {seconds.get(name, 0) / 60:5.1f} min")
+    if total is not None:
+        print(f"\nwall time, {' '.join(exp_run_command(settings))}: {total / 60:.1f} min; peak RSS "
+              f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GB")
+        for name in STAGES:
+            print(f"  {name:<9} {seconds.get(name, 0) / 60:5.1f} min")
     val = base["val"]
     print(f"warm start: {base['sft_steps']} SFT steps in {base['seconds'] / 60:.1f} min; val accuracy "
           f"{val['accuracy']:.3f} ({val['samples']} images), format {val['format_compliance']:.3f}")
@@ -113,6 +116,12 @@ def report(repo: Path, seconds: dict[str, float], total: float, settings: tuple[
         print(f"{split:>5}: base {m['base']['accuracy']:.3f} -> trained {m['trained']['accuracy']:.3f} "
               f"({gain['accuracy']:+.3f}, paired 95% CI [{low:+.3f}, {high:+.3f}], McNemar p {gain['mcnemar_p']:.3g}, "
               f"n {m['base']['samples']})")
+        if "base_described" in m:
+            gain = m["trained_minus_base_described"]
+            low, high = gain["accuracy_ci95"]
+            print(f"       warm start made to describe {m['base_described']['accuracy']:.3f} -> trained "
+                  f"{m['trained']['accuracy']:.3f} ({gain['accuracy']:+.3f}, paired 95% CI [{low:+.3f}, {high:+.3f}], "
+                  f"McNemar p {gain['mcnemar_p']:.3g})")
         counts = m["trained"]["accuracy_by_count"]
         print("       by count, base -> trained: " + ", ".join(
             f"{c}: {m['base']['accuracy_by_count'][c]:.2f}->{counts[c]:.2f}" for c in counts))
@@ -175,7 +184,12 @@ def picture(repo: Path, out: Path) -> None:
 @click.option("--picture", "picture_path", type=click.Path(path_type=Path), help="Write the curves here (PNG).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="A params override for `dvc exp run -S` (repeatable), e.g. profiles.cpu.train.max_steps=450.")
-def main(keep: Path | None, picture_path: Path | None, settings: tuple[str, ...]) -> None:
+@click.option("--report", "report_repo", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="Only print the figures of the run in this repo (no new run).")
+def main(keep: Path | None, picture_path: Path | None, settings: tuple[str, ...], report_repo: Path | None) -> None:
+    if report_repo:
+        report(report_repo, {}, None)
+        return
     tmp = None if keep else Path(tempfile.mkdtemp(prefix="vgrpo-cpu-"))
     repo = keep or tmp / "repo"
     make_clone(repo)

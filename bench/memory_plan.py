@@ -33,8 +33,9 @@ def main() -> None:
             config = config_from_dict({**raw, "profile": name})
             dtype = "bfloat16" if bf16 else "float16"
             shape = memory.model_shape(memory.QWEN3_VL_8B, lora_target_modules(config.train), config.train.lora_r)
-            plans = [plan(config, shape, dtype)["total"] for plan in
-                     (memory.train_plan, memory.evaluate_plan, memory.smoke_plan)]
+            plans = [memory.train_plan(config, shape, dtype)["total"],
+                     memory.evaluate_plan(config, shape, dtype, shape.lora * 4)["total"],
+                     memory.smoke_plan(config, shape, dtype)["total"]]
             fits = "yes" if max(plans) <= free else f"does not fit ({free:g} GB free)"
             merged = memory.weights_bytes(shape, config.export.merged_dtype, False) / memory.GB
             on_gpu = bf16 and merged + 1 <= free  # vgrpo.export.merge_device

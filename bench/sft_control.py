@@ -7,10 +7,13 @@ greedily. If more SFT does as well as GRPO, the GRPO gain is just more training.
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 38   # about as many answers as GRPO's prompts
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 150 --learning-rate 1e-4
+    .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --out /tmp/sft.json   # the figures as JSON too
 
 Uses the run's own warm-started base (models/base), params (the `base` group's SFT recipe, on
 the run's `train` split, whose images GRPO trained on), the GRPO wall time from
 reports/train/metrics.json, and the test images evaluate used (the first evaluate.max_samples.test).
+GRPO and SFT are compared on those images with the paired 95% interval and McNemar's p that `evaluate`
+computes (GRPO's answers: reports/eval/predictions.jsonl).
 """
 
 import dataclasses
@@ -29,8 +32,10 @@ sys.path.insert(0, str(ROOT))
 from vgrpo import warm_start  # noqa: E402
 from vgrpo.base import base_model_path  # noqa: E402
 from vgrpo.config import load_config  # noqa: E402
-from vgrpo.generation import greedy_accuracy  # noqa: E402
+from vgrpo.evaluation import mcnemar_p, paired_bootstrap_ci  # noqa: E402
+from vgrpo.generation import completion_texts  # noqa: E402
 from vgrpo.models import load_model, load_processor  # noqa: E402
+from vgrpo.prompts import parse_answer  # noqa: E402
 from vgrpo.shapes import dataset_colours, load_dataset  # noqa: E402
 
 
@@ -55,7 +60,8 @@ class StopAfter(TrainerCallback):
               help="Stop after this many SFT steps instead of GRPO's wall time (steps x batch = answers seen).")
 @click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Constant learning rate (default: the warm start's base.learning_rate).")
-def main(repo: Path, steps: int | None, learning_rate: float | None) -> None:
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Also write the figures here (JSON).")
+def main(repo: Path, steps: int | None, learning_rate: float | None, out: Path | None) -> None:
     config = load_config(repo / "params.yaml")
     budget = None if steps else json.loads((repo / "reports/train/metrics.json").read_text())["seconds"]
     evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())
@@ -79,13 +85,23 @@ def main(repo: Path, steps: int | None, learning_rate: float | None) -> None:
         trainer.train()
         seconds = time.perf_counter() - start
     net.eval()
-    control = greedy_accuracy(net, processor, test, len(test), config.evaluate.max_new_tokens)
-    grpo = evaluation["test"]
+    texts = completion_texts(net, processor, [test[i] for i in range(len(test))], config.evaluate.max_new_tokens)
+    sft = [parse_answer(text) == int(row["answer"]) for text, row in zip(texts, test, strict=True)]
+    grpo_right = {r["id"]: r["correct"] for r in map(json.loads, (repo / "reports/eval/predictions.jsonl").open())
+                  if r["split"] == "test" and r["model"] == "trained"}
+    grpo = [grpo_right[row_id] for row_id in test["id"]]
+    accuracy = evaluation["test"]
     limit = f"{steps} steps" if steps else f"GRPO's {budget / 60:.1f} min"
     print(f"budget: {limit}; SFT continued {trainer.state.global_step} steps in "
           f"{seconds / 60:.1f} min (lr {params.learning_rate:g}, constant, batch {params.batch_size})")
-    print(f"test accuracy ({len(test)} images, greedy): warm start {grpo['base']['accuracy']:.3f}, "
-          f"+ GRPO {grpo['trained']['accuracy']:.3f}, + more SFT {control['accuracy']:.3f}")
+    print(f"test accuracy ({len(test)} images, greedy): warm start {accuracy['base']['accuracy']:.3f}, "
+          f"+ GRPO {accuracy['trained']['accuracy']:.3f}, + more SFT {sum(sft) / len(sft):.3f}")
+    low, high = paired_bootstrap_ci(sft, grpo, config.evaluate.bootstrap_samples, config.evaluate.seed)
+    print(f"GRPO minus more SFT: {(sum(grpo) - sum(sft)) / len(sft):+.3f} (paired 95% CI [{low:+.3f}, {high:+.3f}], "
+          f"McNemar p {mcnemar_p(sft, grpo):.3g}, {len(sft)} images)")
+    if out:
+        out.write_text(json.dumps({"sft_steps": trainer.state.global_step, "seconds": round(seconds, 1),
+                                   "test_images": len(sft), "accuracy": round(sum(sft) / len(sft), 4)}) + "\n")
 
 
 if __name__ == "__main__":

@@ -168,10 +168,11 @@ class Check:
                                str(self.work / trained / "adapter"))
         steps = [("evaluate", ["--data", data, "--base", base, "--adapter", adapter, "--reports",
                                str(out / "reports/eval")]),
-                 ("export", ["--base", base, "--adapter", adapter, "--merged", str(out / "models/merged"),
-                             "--gguf", str(out / "models/gguf")]),
+                 ("export", ["--base", base, "--adapter", adapter, "--data", data, "--merged",
+                             str(out / "models/merged"), "--gguf", str(out / "models/gguf")]),
                  ("smoke", ["--merged", str(out / "models/merged"), "--gguf", str(out / "models/gguf"), "--data",
-                            data, "--reports", str(out / "reports/smoke")])]
+                            data, "--eval-predictions", str(out / "reports/eval/predictions.jsonl"), "--reports",
+                            str(out / "reports/smoke")])]
         for name, args in steps:
             ok, line = self.stage(case, name, params, *args)
             if self.failed(case, "downstream", ok, f"{name}: {line}", start):

@@ -1,5 +1,7 @@
 """Stage 4: base vs trained on held-out (val, test) and out-of-distribution (ood) counts, same images,
-same prompt, same image budget; metrics, predictions, plots and attention heatmaps for DVC.
+same prompt, same image budget; where the warm start knows a brief answer style, also the warm start
+made to describe (its brief style's first token forbidden); metrics, predictions, plots and attention
+heatmaps for DVC.
 
     python stages/evaluate.py                       # params.yaml -> reports/eval
     dvc exp run -S evaluate.batch_size=8            # reruns evaluate (and what follows) only
@@ -41,6 +43,12 @@ def main(params_path, data_dir, base_dir, adapter_dir, reports_dir) -> None:
             click.echo(f"{split:>5}: accuracy base {m['base']['accuracy']:.3f} -> trained "
                        f"{m['trained']['accuracy']:.3f} ({gain['accuracy']:+.3f}, paired 95% CI "
                        f"[{low:+.3f}, {high:+.3f}], McNemar p = {gain['mcnemar_p']:.3g}, n = {m['base']['samples']})")
+            if "base_described" in m:  # the warm start made to describe: what GRPO added over its better decoding
+                gain = m["trained_minus_base_described"]
+                low, high = gain["accuracy_ci95"]
+                click.echo(f"{split:>5}: warm start made to describe {m['base_described']['accuracy']:.3f} -> trained "
+                           f"{m['trained']['accuracy']:.3f} ({gain['accuracy']:+.3f}, paired 95% CI "
+                           f"[{low:+.3f}, {high:+.3f}], McNemar p = {gain['mcnemar_p']:.3g})")
 
 
 if __name__ == "__main__":

@@ -33,12 +33,19 @@ def main(params_path, data_dir, base_dir, adapter_dir, checkpoints_dir, reports_
         import torch
 
         from vgrpo import base, distributed
-        from vgrpo.backends import check_device_options, check_vllm_server, import_unsloth, resolve_backend
+        from vgrpo.backends import (
+            check_device_options,
+            check_report_to,
+            check_vllm_server,
+            import_unsloth,
+            resolve_backend,
+        )
         from vgrpo.devices import load_dtype
         from vgrpo.shapes import load_dataset
 
         cuda = torch.cuda.is_available()
         check_device_options(config.train, cuda)
+        check_report_to(config.train)
         dtype = load_dtype(config.model, config.train)
         distributed.check_processes(config.train, torch.cuda.device_count() if cuda else 0)
         load_dataset(data_dir, splits=("train",))  # fail on a missing dataset or base before any model loads

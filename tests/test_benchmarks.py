@@ -8,6 +8,8 @@ import re
 import pytest
 from conftest import ROOT, run, tiny_params
 
+from vgrpo.prompts import brief_style_fork
+
 
 def test_generate_benchmark():
     out = run(["python", str(ROOT / "bench/generate.py"), "--images", "200"], ROOT).stdout
@@ -36,13 +38,17 @@ def test_cpu_run_picture_without_plots_says_so_in_one_line(tmp_path):
                                      "(not a finished cpu run?)")
 
 
-def test_sft_control_continues_the_warm_start_and_answers_the_test_images(tiny_pipeline):
-    """`bench/sft_control.py` on a finished run: SFT steps from the run's base, then the same test
-    images as `evaluate`; the warm start and GRPO figures it prints are the run's own."""
+def test_sft_control_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path):
+    """`bench/sft_control.py` on a finished run: SFT steps from the run's base, then the same test images as
+    `evaluate`; the warm start and GRPO figures it prints are the run's own, GRPO minus SFT is paired.
+    Then `bench/cpu_seeds.py --report` reads that run as one seed: its reporting path, as on the cpu runs."""
     import json
 
-    out = run(["python", str(ROOT / "bench/sft_control.py"), "--repo", str(tiny_pipeline), "--steps", "2"],
-              ROOT).stdout
+    seed = tmp_path / "seeds" / "seed-0"
+    seed.mkdir(parents=True)
+    (seed / "repo").symlink_to(tiny_pipeline)
+    out = run(["python", str(ROOT / "bench/sft_control.py"), "--repo", str(tiny_pipeline), "--steps", "2", "--out",
+               str(seed / "sft_control.json")], ROOT).stdout
     evaluation = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())["test"]
     assert re.search(r"budget: 2 steps; SFT continued 2 steps in [\d.]+ min \(lr [\d.e-]+, constant, batch \d+\)", out)
     found = re.search(r"test accuracy \((\d+) images, greedy\): warm start ([\d.]+), \+ GRPO ([\d.]+), "
@@ -52,6 +58,28 @@ def test_sft_control_continues_the_warm_start_and_answers_the_test_images(tiny_p
     assert float(found[2]) == round(evaluation["base"]["accuracy"], 3)
     assert float(found[3]) == round(evaluation["trained"]["accuracy"], 3)
     assert 0 <= float(found[4]) <= 1
+    assert re.search(r"GRPO minus more SFT: [+-][\d.]+ \(paired 95% CI \[[+-][\d.]+, [+-][\d.]+\], McNemar p [\d.e-]+, "
+                     rf"{found[1]} images\)", out), out
+    sft = json.loads((seed / "sft_control.json").read_text())
+    assert sft["sft_steps"] == 2 and f"{sft['accuracy']:.3f}" == found[4]
+
+    table = run(["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "seeds"), "--report"],
+                ROOT).stdout
+    assert re.search(rf"cpu profile over 1 seeds \(base.seed = train.seed\), test accuracy on {found[1]} images; "
+                     r"CPU: .+ \(.*\d+ cores\)", table), table
+    assert re.search(rf"\| 0 \| {float(found[2]):.1%} \| - \| {float(found[3]):.1%} \| - \| {sft['accuracy']:.1%} "
+                     r"\(2 steps\) \|", table), table
+    assert f"after GRPO: mean {float(found[3]):.1%}, range" in table
+
+
+def test_cpu_run_report_of_a_finished_run(tiny_pipeline):
+    """`bench/cpu_run.py --report`: the figures the README's CPU section quotes, from a run's reports."""
+    out = run(["python", str(ROOT / "bench/cpu_run.py"), "--report", str(tiny_pipeline)], ROOT).stdout
+    for pattern in (r"warm start: \d+ SFT steps in [\d.]+ min; val accuracy [\d.]+",
+                    r"GRPO: \d+ steps in [\d.]+ min \([\d.]+ s/step\), adapter changed: True",
+                    r" test: base [\d.]+ -> trained [\d.]+ \([+-][\d.]+, paired 95% CI",
+                    r"test answers given, base -> trained: ", r"smoke \(8 test images\): merged model [\d.]+; "):
+        assert re.search(pattern, out), (pattern, out)
 
 
 def test_answer_styles_answers_as_it_comes_and_with_the_brief_style_forbidden(tiny_pipeline):
@@ -72,6 +100,8 @@ def test_answer_styles_answers_as_it_comes_and_with_the_brief_style_forbidden(ti
     assert [model for model, *_ in probabilities] == ["warm start", "trained"], out
     assert all(0 <= float(low) <= float(mean) <= float(high) <= 1 and int(n) == samples
                for _, mean, low, high, n in probabilities)
+    assert re.search(rf"^trained minus warm start made to describe: [+-][\d.]+ \(paired 95% CI \[[+-][\d.]+, "
+                     rf"[+-][\d.]+\], McNemar p [\d.e-]+, {samples} images\)$", out, flags=re.MULTILINE), out
 
 
 def answer_styles_module():
@@ -87,7 +117,7 @@ def test_the_styles_fork_where_a_brief_answer_leaves_the_described_one(tiny_mode
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    prefix, brief_token = answer_styles_module().style_fork(tokenizer)
+    prefix, brief_token = brief_style_fork(tokenizer)
     assert tokenizer.decode(prefix) == "<REASONING"  # "<REASONING>I count" vs "<REASONING>2 red"
     assert tokenizer.decode([brief_token]) == ">I"
 
@@ -97,7 +127,7 @@ def test_brief_token_probability_is_the_next_token_probability_of_each_image_alo
     import torch
 
     from vgrpo.config import config_from_dict
-    from vgrpo.evaluation import batch_inputs
+    from vgrpo.generation import batch_inputs
     from vgrpo.models import load_model, load_processor
     from vgrpo.shapes import load_dataset
 
@@ -106,7 +136,7 @@ def test_brief_token_probability_is_the_next_token_probability_of_each_image_alo
     net = load_model(tiny_model_dir, "float32").eval()
     test = load_dataset(tiny_dataset, splits=("test",))["test"]
     rows = [test[i] for i in range(3)]
-    prefix, brief_token = answer_styles.style_fork(processor.tokenizer)
+    prefix, brief_token = brief_style_fork(processor.tokenizer)
     batched = answer_styles.brief_token_probabilities(net, processor, rows, prefix, brief_token)
     for row, probability in zip(rows, batched, strict=True):
         inputs = dict(batch_inputs(processor, [row], net.device))

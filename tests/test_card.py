@@ -30,14 +30,33 @@ def test_card_states_what_evaluate_and_smoke_measured(tiny_pipeline):
     assert (f"| test | {test['base']['samples']} | {test['base']['accuracy']:.3f} | {test['trained']['accuracy']:.3f} "
             f"| {gain['accuracy']:+.3f} [{low:+.3f}, {high:+.3f}] | {gain['mcnemar_p']:.3g} |") in text
     for name, m in smoke["files"].items():
-        assert (f"| `{name}` | {m['accuracy']:.3f} | {m['answer_agreement']:.3f} | {m['first_k_token_agreement']:.3f} "
-                f"| {m['first_token_logprob_diff']:.3g} | {m['projector_error']:.2g} |") in text
+        assert (f"| `{name}` | {m['accuracy']:.3f} | {m['answer_agreement']:.3f} | {m['count_agreement']:.3f} "
+                f"| {m['template_agreement']:.3f} | {m['count_tv']:.3g} | {m['image_sensitivity']:.3g} "
+                f"| {m['projector_error']:.2g} |") in text
     assert f"| merged model (transformers, float32) | {smoke['hf']['accuracy']:.3f} |" in text
     assert f"greedy, {smoke['num_images']} test images)" in text and "Gate: passed." in text
     assert "Evaluation (transformers, greedy," in text  # evaluate decoded greedily
-    assert "red triangles, blue circles, green squares in 256x256 images" in text
+    assert "Trained on red triangles, blue circles, green squares on white 256x256 images only" in text
+    assert "1..5 of the asked shape and 1..5 of each other shape, 6..8 of the asked shape in `ood`" in text
     steps = load_params()["profiles"]["tiny"]["base"]["sft_steps"]
     assert f"warm-started by {steps} supervised steps" in text
+    assert "## What GRPO did" not in text  # the tiny warm start has one answer style
+
+
+def test_card_starts_with_hugging_face_metadata(tiny_pipeline):
+    """base_model (for a hub base), license, pipeline tag, tags and a model-index with the test results, as
+    huggingface_hub reads them back."""
+    from huggingface_hub import ModelCard
+
+    text = (tiny_pipeline / "models/README.md").read_text()
+    assert text.startswith("---\n")
+    data = ModelCard(text).data
+    assert (data.license, data.pipeline_tag, data.base_model) == ("apache-2.0", "image-text-to-text", None)
+    assert {"qwen3_vl", "grpo", "gguf", "llama.cpp"} <= set(data.tags)
+    evaluation = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())
+    results = {r.dataset_split: r.metric_value for r in data.eval_results}
+    assert results == {split: round(evaluation[split]["trained"]["accuracy"], 4) for split in ("val", "test", "ood")}
+    assert data.model_name == STEM
 
 
 def test_mtmd_cli_puts_the_image_before_the_text(tiny_pipeline):
@@ -65,9 +84,49 @@ def test_card_follows_the_data_and_the_decoding(tiny_pipeline, tmp_path):
     eval_path.unlink()
     eval_path.write_text(json.dumps(evaluation))
     text = card.model_card(**card_inputs(repo))
-    assert "purple triangles, orange circles, black squares in 192x192 images" in text
+    assert "purple triangles, orange circles, black squares on white 192x192 images" in text
     assert "red triangles" not in text and "256x256" not in text
     assert "Evaluation (transformers, sampled at temperature 0.7," in text and "greedy, base vs" not in text
+
+
+def write_json(path, data) -> None:
+    path.unlink()  # a DVC link into the cache: write a file of its own
+    path.write_text(json.dumps(data))
+
+
+def test_card_of_a_cpu_run_states_its_baseline(tiny_pipeline, tmp_path):
+    """The cpu profile's data (0..3 of each other shape, one shape per cell) and its warm start (two answer
+    styles, the brief one a guess): the card says the greedy baseline is a guess's, and gives the warm start
+    made to describe next to the trained model, with the paired interval and McNemar's p; a hub base is
+    the metadata's base_model."""
+    from huggingface_hub import ModelCard
+
+    repo = copy_repo(tiny_pipeline, tmp_path / "repo")
+    stats = json.loads((repo / "data/shapes/stats.json").read_text())
+    stats["params"].update(other_min_count=0, other_max_count=3, layout="grid", image_size=128)
+    write_json(repo / "data/shapes/stats.json", stats)
+    source = json.loads((repo / "models/base/source.json").read_text())
+    source["warm_start"].update(described_share=0.4, brief_answers="guessed")
+    write_json(repo / "models/base/source.json", source)
+    evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())
+    test = evaluation["test"]
+    test["base"]["accuracy"], test["trained"]["accuracy"] = 0.2, 0.72
+    test["base_described"] = {**test["base"], "accuracy": 0.69}
+    test["trained_minus_base_described"] = {**test["trained_minus_base"], "accuracy": 0.03,
+                                            "accuracy_ci95": [-0.02, 0.08], "mcnemar_p": 0.31}
+    write_json(repo / "reports/eval/metrics.json", evaluation)
+    text = card.model_card(**card_inputs(repo))
+    flat = " ".join(text.split())
+    assert "1..5 of the asked shape and 0..3 of each other shape" in flat and "one shape per 32 px cell" in flat
+    assert "and their number is a guess by design (`base.brief_answers: guessed`)" in flat
+    assert "its greedy accuracy (20.0% on the test images) is a guess's" in flat
+    assert ("Made to describe (the brief style's first token forbidden), the warm start answers 69.0% right; after "
+            "GRPO, 72.0%: +3.0 points, paired 95% CI [-2.0, +8.0], McNemar p = 0.31.") in flat
+    assert "| test | " in text.split("## What GRPO did")[1].split("## ")[0]  # its own table
+    assert ModelCard(text).data.base_model is None
+    source.update(kind="hub", name="Qwen/Qwen3-VL-8B-Instruct", revision="main", sha="0" * 40)
+    write_json(repo / "models/base/source.json", source)
+    assert ModelCard(card.model_card(**card_inputs(repo))).data.base_model == "Qwen/Qwen3-VL-8B-Instruct"
 
 
 def test_missing_smoke_metrics_is_one_line(tiny_pipeline, tmp_path):
@@ -100,6 +159,7 @@ def test_the_card_is_rewritten_after_the_new_evaluation(evaluate_changed):
     before = (evaluate_changed / "models/README.md").read_text()
     done = run(["dvc", "repro"], evaluate_changed).stdout
     assert "Running stage 'card'" in done and "Running stage 'export'" not in done
+    assert "Running stage 'smoke'" not in done  # evaluate's predictions are the same: nothing for smoke to redo
     assert json.loads((evaluate_changed / "reports/eval/metrics.json").read_text())["test"]["base"][
         "attention_samples"] == 1
     assert (evaluate_changed / "models/README.md").read_text() == before  # same models, same accuracies

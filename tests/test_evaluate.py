@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
 
 import numpy as np
 import pytest
-from conftest import copy_repo, run, stage, tiny_params, write_params
+from conftest import copy_repo, run, stage, tiny_adapter, tiny_params, write_params
 
 from vgrpo import evaluation, generation, models, prompts
 from vgrpo.base import base_model_path
@@ -305,3 +307,28 @@ def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, tiny_datas
 def test_bad_evaluate_params(changes, message, tmp_path, tiny_dataset, tiny_base):
     line = evaluate_stage(tmp_path, tiny_params(evaluate=changes), tiny_dataset, fake_adapter(tmp_path), tiny_base)
     assert line == f"error: params.yaml: profiles.tiny.{message}"
+
+
+def test_a_warm_start_with_a_brief_style_is_also_evaluated_made_to_describe(tiny_dataset, tiny_base, tmp_path):
+    """Where the warm start knows a brief answer style (source.json: described_share < 1), evaluate also
+    answers with it made to describe (the brief style's first token forbidden), and compares the trained
+    model with that, paired: the baseline for what GRPO added (the card and the README use it)."""
+    base = tmp_path / "base"
+    shutil.copytree(tiny_base, base)
+    source = json.loads((base / "source.json").read_text())
+    source["warm_start"].update(described_share=0.4, brief_answers="guessed")
+    (base / "source.json").write_text(json.dumps(source))
+    adapter = tiny_adapter(tmp_path / "adapter", tiny_base)
+    params = write_params(tmp_path / "params.yaml", tiny_params(evaluate={
+        "splits": ["test"], "max_samples": {"test": 4}, "attention_samples": 0}))
+    result = stage("evaluate", "--params", str(params), "--data", str(tiny_dataset), "--base", str(base),
+                   "--adapter", str(adapter), "--reports", str(tmp_path / "reports"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    test = json.loads((tmp_path / "reports/metrics.json").read_text())["test"]
+    assert test["base_described"]["samples"] == 4 and "accuracy_ci95" in test["trained_minus_base_described"]
+    assert "mcnemar_p" in test["trained_minus_base_described"]
+    assert re.search(r"test: warm start made to describe [0-9.]+ -> trained [0-9.]+ \([+-][0-9.]+, paired 95% CI",
+                     result.stdout)
+    records = [json.loads(line) for line in (tmp_path / "reports/predictions.jsonl").read_text().splitlines()]
+    described = [r["completion"] for r in records if r["model"] == "base_described"]
+    assert len(described) == 4 and not any("I count" in c for c in described)

@@ -5,6 +5,7 @@ merged model and GGUF files stay, both)."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import types
 from pathlib import Path
@@ -24,7 +25,8 @@ def digest(directory: Path) -> dict[str, str]:
 
 
 def export_args(root: Path, **paths) -> list[str]:
-    default = {"base": root / "base", "adapter": root / "adapter", "merged": root / "merged", "gguf": root / "gguf"}
+    default = {"base": root / "base", "adapter": root / "adapter", "data": root / "shapes", "merged": root / "merged",
+               "gguf": root / "gguf"}
     return [arg for key, path in {**default, **paths}.items() for arg in (f"--{key}", str(path))]
 
 
@@ -53,6 +55,9 @@ def test_export_writes_merged_model_and_gguf_files(exported):
     assert not [p.name for p in root.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
     assert digest(root / "adapter") == exported.adapter_before  # the adapter stays available as it was
     assert f"{root}/gguf/{STEM}-Q4_K_M.gguf (q4_k_m, " in exported.stdout
+    # the merge was checked: every LoRA module in the saved weights, base + adapter's log-probs kept
+    assert re.search(r"export: merged model in \S+ \(its 26 LoRA modules checked; log-probs within [0-9.e-]+ nats of "
+                     r"base \+ adapter\)", exported.stdout), exported.stdout
 
 
 def test_merged_logits_equal_base_plus_adapter(exported, tiny_base):
@@ -167,7 +172,51 @@ def test_a_bfloat16_merge_converts_to_bf16_named_as_llama_cpp_looks_for_it(expor
     from vgrpo.export import run_export
 
     config = config_from_dict(tiny_params(export={"merged_dtype": "bfloat16", "quantizations": []}))
-    summary = run_export(config, tiny_base, exported.root / "adapter", tmp_path / "merged", tmp_path / "gguf")
+    summary = run_export(config, tiny_base, exported.root / "adapter", exported.root / "shapes", tmp_path / "merged",
+                         tmp_path / "gguf")
     assert sorted(summary["files"]) == [f"{STEM}-BF16.gguf", f"mmproj-{STEM}-F16.gguf"]
     text = read_gguf(tmp_path / "gguf" / f"{STEM}-BF16.gguf")
     assert text.file_type == "bf16" and "BF16" in text.tensor_types and "F16" not in text.tensor_types
+
+
+# --- The merge is the evaluated model ------------------------------------------------------------
+
+def export_in_process(exported, tmp_path, monkeypatch, merge):
+    """run_export with PEFT's merge_and_unload (LoraModel's, which PeftModel hands the call to) replaced by
+    `merge`, called with the LoRA model and the original."""
+    from peft.tuners.lora import LoraModel
+
+    from vgrpo.export import run_export
+
+    original = LoraModel.merge_and_unload
+    monkeypatch.setattr(LoraModel, "merge_and_unload", lambda self, *a, **k: merge(self, original, *a, **k))
+    config = config_from_dict(tiny_params())
+    return run_export(config, exported.root / "base", exported.root / "adapter", exported.root / "shapes",
+                      tmp_path / "merged", tmp_path / "gguf")
+
+
+def test_a_merge_that_silently_drops_the_adapter_fails_the_stage(exported, tmp_path, monkeypatch):
+    with pytest.raises(export.ExportError) as err:
+        export_in_process(exported, tmp_path, monkeypatch, lambda model, original, *a, **k: model.unload())
+    line = str(err.value)
+    assert "\n" not in line
+    assert line == (f"{exported.root / 'adapter'}: 26 of 26 LoRA modules are not in the merged model (merged weight != "
+                    "base + scale x B A in float32; first: model.language_model.layers.0.mlp.down_proj): the merge "
+                    "dropped them, so the export would not be the model evaluate scored")
+    assert not (tmp_path / "merged").exists() and not (tmp_path / "gguf").exists()
+
+
+def test_a_merge_that_drops_one_module_names_it(exported, tmp_path, monkeypatch):
+    """PEFT merges every module but one, whose weight stays the base's."""
+    dropped = "model.language_model.layers.1.self_attn.v_proj"
+
+    def merge_all_but_one(model, original, *args, **kwargs):
+        layer = model.get_submodule(f"model.{dropped}")
+        kept = layer.base_layer.weight.detach().clone()
+        merged = original(model, *args, **kwargs)
+        merged.get_submodule(dropped).weight.data.copy_(kept)
+        return merged
+
+    with pytest.raises(export.ExportError, match=rf"1 of 26 LoRA modules are not in the merged model .*first: "
+                                                 rf"{re.escape(dropped)}\)"):
+        export_in_process(exported, tmp_path, monkeypatch, merge_all_but_one)

@@ -43,8 +43,9 @@ def test_the_full_profile_cannot_fit_a_16_gb_gpu_and_gpu16_can():
     for dtype in ("float16", "bfloat16"):  # T4 (float16) and a 16 GB card with bf16
         assert memory.train_plan(full, shape_8b(full), dtype)["weights"] > T4_FREE / 1e9
         shape = shape_8b(small)
-        for plan in (memory.train_plan, memory.evaluate_plan, memory.smoke_plan):
-            assert plan(small, shape, dtype)["total"] <= 13.0  # 2 GB of margin for what a plan does not count
+        plans = [memory.train_plan(small, shape, dtype), memory.evaluate_plan(small, shape, dtype, shape.lora * 4),
+                 memory.smoke_plan(small, shape, dtype)]
+        assert max(plan["total"] for plan in plans) <= 13.0  # 2 GB of margin for what a plan does not count
 
 
 def test_too_large_a_plan_stops_in_one_line_naming_the_profile():

@@ -22,24 +22,31 @@ from vgrpo.config import ConfigError, config_from_dict
 STEM = "Qwen3-VL-tiny-shapes-grpo"  # llama.cpp's naming convention (vgrpo.export.gguf_name)
 # One thread: this machine has two cores, shared with whatever else runs.
 SMOKE = {"n_threads": 1}
+EVALUATE = {"splits": ["test"], "max_samples": {"test": 8}, "attention_samples": 0}  # the smoke images
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tiny_base):
-    """The tiny model exported in-process (merge, GGUF f16 + mmproj, q4_k_m) and a tiny dataset."""
+    """The tiny model with an adapter: evaluate's answers (the stage, on the smoke images), then exported
+    in-process (merge, GGUF F16 + mmproj, Q4_K_M)."""
     from vgrpo.export import run_export
 
     root = tmp_path_factory.mktemp("smoke")
-    params = write_params(root / "params.yaml", tiny_params(smoke=SMOKE))
+    params = write_params(root / "params.yaml", tiny_params(smoke=SMOKE, evaluate=EVALUATE))
     assert stage("generate", "--params", str(params), "--out", str(root / "shapes")).returncode == 0
-    config = config_from_dict(tiny_params(smoke=SMOKE))
-    run_export(config, tiny_base, tiny_adapter(root / "adapter", tiny_base), root / "merged", root / "gguf")
-    return types.SimpleNamespace(root=root, params=params, config=config)
+    adapter = tiny_adapter(root / "adapter", tiny_base)
+    result = stage("evaluate", "--params", str(params), "--data", str(root / "shapes"), "--base", str(tiny_base),
+                   "--adapter", str(adapter), "--reports", str(root / "eval"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = config_from_dict(tiny_params(smoke=SMOKE, evaluate=EVALUATE))
+    run_export(config, tiny_base, adapter, root / "shapes", root / "merged", root / "gguf")
+    return types.SimpleNamespace(root=root, params=params, config=config, base=tiny_base)
 
 
 def smoke_args(root: Path, gguf: Path | None = None, merged: Path | None = None, reports: Path | None = None):
     return ["--merged", str(merged or root / "merged"), "--gguf", str(gguf or root / "gguf"), "--data",
-            str(root / "shapes"), "--reports", str(reports or root / "reports")]
+            str(root / "shapes"), "--eval-predictions", str(root / "eval" / "predictions.jsonl"), "--reports",
+            str(reports or root / "reports")]
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +100,16 @@ def test_every_gguf_answers_and_matches_the_merged_model(smoked):
         assert 0 <= m["parse_rate"] <= 1 and 0 <= m["accuracy"] <= 1
         assert m["projector_error"] < 1e-3  # measured 2e-4: the mmproj gives the merged model's image embeddings
         assert m["count_tv"] is not None and m["count_tv"] < 0.05
-    assert f16["file_type"] == "f16" and f16["first_k_token_agreement"] >= 0.9
-    assert f16["first_token_logprob_diff"] < 0.01  # measured 1.5e-3
-    assert q4["file_type"] == "q4_k_m" and q4["answer_agreement"] >= 0.5 and q4["first_k_token_agreement"] >= 0.7
-    assert q4["accuracy_drop"] <= 0.25 and q4["first_token_logprob_diff"] < 0.5  # measured 0.13
+        assert m["template_agreement"] >= 0.9 and m["image_sensitivity"] is not None
+    assert f16["file_type"] == "f16" and f16["count_agreement"] >= 0.95 and f16["answer_agreement"] >= 0.9
+    assert f16["first_token_logprob_diff"] < 0.01  # measured 2e-6
+    assert q4["file_type"] == "q4_k_m" and q4["answer_agreement"] >= 0.8 and q4["count_agreement"] >= 0.8
+    assert q4["accuracy_drop"] <= 0.25 and q4["first_token_logprob_diff"] < 0.5
     assert q4["k_quant_share"] == 1.0 and "Q4_K" in q4["tensor_types"]  # no legacy fallbacks at hidden 256
     hf = smoked.metrics["hf"]
     assert hf["tokens_per_second"] > 0 and hf["parse_rate"] == 1.0  # the warm-started model answers in format
-    assert (smoked.metrics["num_images"], smoked.metrics["first_k_tokens"]) == (8, 16)
+    assert hf["evaluated_agreement"] == 1.0  # the merged model answers as evaluate's base + adapter did
+    assert smoked.metrics["num_images"] == 8
     assert "smoke: 2 GGUF files pass" in smoked.stdout
 
 
@@ -144,6 +153,81 @@ def test_a_broken_projector_fails_the_stage(how, exported, tmp_path):
     assert error == pytest.approx(1.0) if how == "zeros" else error > 0.1
 
 
+def test_a_projector_that_ignores_the_image_fails_on_image_sensitivity(exported, tmp_path):
+    """A zeroed projector hands llama.cpp constant embeddings: the file's counts no longer move with the
+    image (real vs blank), while the merged model's do. The tiny profile leaves this gate off (its warm
+    start barely looks at the image, TV ~7e-4); here it is on, as a share of the merged model's."""
+    broken = break_projector(exported.root / "gguf", tmp_path / "gguf", "zeros")
+    raw = tiny_params(smoke={**SMOKE, "min_image_sensitivity_ratio": 0.5}, evaluate=EVALUATE)
+    params = write_params(tmp_path / "params.yaml", raw)
+    result = stage("smoke", "--params", str(params), *smoke_args(exported.root, gguf=broken,
+                                                                  reports=tmp_path / "reports"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    text = broken / f"{STEM}-F16.gguf"
+    assert any(re.fullmatch(rf"error: smoke: {re.escape(str(text))}: image_sensitivity 0 < [0-9.e-]+ "
+                            r"\(smoke.min_image_sensitivity_ratio\)", line)
+               for line in result.stderr.splitlines()), result.stderr[-2000:]
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert metrics["files"][f"{STEM}-F16.gguf"]["image_sensitivity"] == 0 < metrics["hf"]["image_sensitivity"]
+
+
+def permute_digits(path: Path, tokenizer) -> None:
+    """Rotate the embedding rows of the tokens 0..9 in a GGUF (the tiny model ties input and output
+    embeddings): wherever the model would say one count it says the next one, in the same template."""
+    import gguf
+
+    digits = tokenizer.convert_tokens_to_ids([str(d) for d in range(10)])
+    for tensor in gguf.GGUFReader(path, "r+").tensors:
+        if tensor.name == "token_embd.weight":
+            rows = tensor.data[digits].copy()
+            tensor.data[digits] = np.roll(rows, 1, axis=0)
+            return
+    raise AssertionError("no token_embd.weight")
+
+
+def test_an_export_whose_counts_are_all_wrong_fails_though_its_template_agrees(exported, tmp_path):
+    """Every count wrong, every tag, colour and shape word right: the template agrees (as the first-16-token
+    agreement smoke gated until now would have), the counts do not, and the gate says so."""
+    from transformers import AutoTokenizer
+
+    gguf_dir = tmp_path / "gguf"
+    gguf_dir.mkdir()
+    for name in (f"{STEM}-F16.gguf", f"mmproj-{STEM}-F16.gguf"):
+        shutil.copy(exported.root / "gguf" / name, gguf_dir / name)
+    permute_digits(gguf_dir / f"{STEM}-F16.gguf", AutoTokenizer.from_pretrained(exported.root / "merged"))
+    result = stage("smoke", "--params", str(exported.params),
+                   *smoke_args(exported.root, gguf=gguf_dir, reports=tmp_path / "reports"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    text = gguf_dir / f"{STEM}-F16.gguf"
+    errors = [line for line in result.stderr.splitlines() if line.startswith(f"error: smoke: {text}: ")]
+    assert any(re.search(r": count_agreement 0 < 0.95 \(smoke.min_f16_count_agreement\)$", e) for e in errors), errors
+    assert any("answer_agreement" in e for e in errors), errors
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())["files"][text.name]
+    assert metrics["template_agreement"] >= 0.8 and metrics["count_agreement"] == 0
+
+
+def test_a_merge_that_dropped_the_adapter_stops_smoke_before_llama_cpp(exported, tmp_path):
+    """evaluate scored base + an adapter that changes about half the answers; the base model stands where
+    the merged one should (as a merge that silently drops the adapter leaves it): it answers the smoke
+    images otherwise than evaluate did, so smoke stops in one line, before llama.cpp."""
+    adapter = tiny_adapter(tmp_path / "adapter", exported.base, scale=0.1)
+    result = stage("evaluate", "--params", str(exported.params), "--data", str(exported.root / "shapes"), "--base",
+                   str(exported.base), "--adapter", str(adapter), "--reports", str(tmp_path / "eval"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged = tmp_path / "merged"
+    shutil.copytree(exported.base, merged)
+    args = smoke_args(exported.root, merged=merged, reports=tmp_path / "reports")
+    args[args.index("--eval-predictions") + 1] = str(tmp_path / "eval" / "predictions.jsonl")
+    result = stage("smoke", "--params", str(exported.params), *args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(rf"error: {re.escape(str(merged))}: the merged model answers \d of 8 smoke images as "
+                        r"evaluate's trained model did \([0-9.]+ < 0.9, smoke.min_evaluated_agreement; test-\d{5}: \d "
+                        r"here, \d in evaluate\): the merge is not the evaluated model \(a dropped adapter or LoRA "
+                        r"module\?\)", line)
+    assert not (tmp_path / "reports").exists()
+
+
 def corrupt_weights(path: Path, tensor_name: str, seed: int = 0) -> None:
     """Overwrite one tensor's quantized bytes with random bytes: the header stays valid, so llama.cpp
     loads the file and answers, from damaged weights."""
@@ -179,15 +263,18 @@ def test_token_ids_are_the_ones_llama_cpp_generated_and_forcing_follows_the_refe
         answer = rt.llama_answer(llama, question, image, 8)
         text = llama.detokenize(answer.token_ids).decode("utf-8", errors="ignore")
         reference = llama.tokenize(b" There are 3 circles here.", add_bos=False)
-        forced = rt.llama_forced(llama, question, image, reference, len(reference), count_at=3)
+        plain = rt.llama_forced(llama, question, image, reference, count_at=None)
         followed = llama.input_ids[llama.n_tokens - len(reference) + 1:llama.n_tokens].tolist()
-        own = rt.llama_forced(llama, question, image, answer.token_ids, 8, count_at=None)
+        forced = rt.llama_forced(llama, question, image, reference, count_at=3)
+        own = rt.llama_forced(llama, question, image, answer.token_ids, count_at=None)
     assert len(answer.token_ids) == 8 and load_seconds > 0
     assert text == answer.text
     assert answer.first_logprobs.shape == (151936,) and abs(np.exp(answer.first_logprobs).sum() - 1) < 1e-6
     assert followed == reference[:-1]  # generation went along the reference, not the model's own choices
-    assert len(forced.choices) == len(reference) and forced.choices[0] == answer.token_ids[0]
-    assert forced.count_logprobs.shape == (151936,)  # captured at the reference's count position
+    assert len(plain.choices) == len(reference) and plain.choices[0] == answer.token_ids[0]
+    assert plain.count_logprobs is None and plain.blank_count_logprobs is None
+    assert forced.choices == plain.choices and forced.count_logprobs.shape == (151936,)  # at the count position
+    assert forced.blank_count_logprobs.shape == (151936,)  # the same position with a blank image
     assert own.choices == answer.token_ids and own.count_logprobs is None  # its own greedy path: its own tokens
 
 
@@ -209,15 +296,22 @@ def test_projector_embeddings_match_transformers_token_by_token(exported):
 
 # --- Measures -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("choices, reference, expected", [
-    ([1, 2, 3, 4], [1, 2, 3, 4], 1.0),
-    ([1, 2, 9, 4], [1, 2, 3, 4], 0.75),  # one flip costs one token, not the rest of the answer
-    ([1, 2], [1, 2, 3, 4], 0.5),  # llama.cpp stopped early
-    ([7], [1], 0.0),
-    ([], [], 1.0),
+def run_of(answers: list[list[int]], counts: list[list[int]] | None = None, choices=None) -> rt.Run:
+    """A Run of answers with these token ids (and, for llama.cpp, teacher-forced choices)."""
+    made = [rt.Answer("", ids, np.zeros(2), 0.1) for ids in answers]
+    forced = None if choices is None else [rt.Forced(c, None) for c in choices]
+    return rt.Run(made, 0.0, [np.ones((1, 2))] * len(made), forced=forced, count_positions=counts)
+
+
+@pytest.mark.parametrize("choices, expected", [
+    ([[10, 3, 11, 4, 12]], (1.0, 1.0)),
+    ([[10, 3, 11, 9, 12]], (0.5, 1.0)),  # one count wrong: half the counts, no template token
+    ([[10, 3, 13, 4, 14]], (1.0, 0.3333)),  # the template wrong, every count right (4 decimals)
+    ([[10, 3]], (1.0, 1.0)),  # llama.cpp stopped early: only the positions it reached
 ])
-def test_token_agreement(choices, reference, expected):
-    assert rt.token_agreement(choices, reference) == expected
+def test_agreement_is_split_between_counts_and_template(choices, expected):
+    reference = run_of([[10, 3, 11, 4, 12]], counts=[[1, 3]])
+    assert rt.forced_agreement(run_of([[0]], choices=choices), reference) == expected
 
 
 def test_logprob_diff_and_tv_look_at_the_likely_tokens_only():
@@ -238,26 +332,35 @@ def test_two_answers_without_a_number_do_not_agree():
         return rt.Answer(text, [1], np.zeros(2), 0.1)
 
     reference = rt.Run([answer("no idea"), answer("<SOLUTION>3</SOLUTION>")], 0.0, [np.ones((1, 2))] * 2,
-                       count_positions=[None, None])
+                       count_positions=[[], []])
     run = rt.Run([answer("still no idea"), answer("3")], 0.0, [np.ones((1, 2))] * 2,
                  forced=[rt.Forced([1], None)] * 2)
-    assert rt.parity(run, reference, 1)["answer_agreement"] == 0.5
+    assert rt.parity(run, reference)["answer_agreement"] == 0.5
 
 
 def test_gates_name_file_measure_value_and_threshold():
-    params = config_from_dict(tiny_params()).smoke
-    good = {"first_k_token_agreement": 1.0, "first_token_logprob_diff": 0.001, "answer_agreement": 1.0,
-            "projector_error": 2e-4, "accuracy": 0.5}
-    files = {"a": {**good, "path": "g/a-f16.gguf", "file_type": "f16", "first_k_token_agreement": 0.25},
-             "b": {**good, "path": "g/b-q4_k_m.gguf", "file_type": "q4_k_m", "answer_agreement": 0.25,
-                   "first_k_token_agreement": 0.8, "first_token_logprob_diff": 0.3, "accuracy": 0.0},
-             "c": {**good, "path": "g/c-f16.gguf", "file_type": "f16", "projector_error": 0.9},
-             "d": {**good, "path": "g/d-q8_0.gguf", "file_type": "q8_0"}}
-    assert rt.gate_failures(files, 0.5, params) == [
-        "g/a-f16.gguf: first_k_token_agreement 0.25 < 0.9 (smoke.min_f16_token_agreement)",
-        "g/b-q4_k_m.gguf: answer_agreement 0.25 < 0.5 (smoke.min_quant_answer_agreement)",
-        "g/b-q4_k_m.gguf: accuracy_drop 0.5 > 0.25 (smoke.max_quant_accuracy_drop)",
-        "g/c-f16.gguf: projector_error 0.9 > 0.05 (smoke.max_projector_error)"]
+    smoke = {"min_image_sensitivity": 0.1, "min_image_sensitivity_ratio": 0.5}
+    params = config_from_dict(tiny_params(smoke=smoke)).smoke
+    good = {"count_agreement": 1.0, "count_tv": 0.001, "answer_agreement": 1.0, "first_token_logprob_diff": 0.001,
+            "image_sensitivity": 0.3, "projector_error": 2e-4, "accuracy": 0.5}
+    files = {"a": {**good, "path": "g/a-F16.gguf", "file_type": "f16", "count_agreement": 0.25},
+             "b": {**good, "path": "g/b-Q4_K_M.gguf", "file_type": "q4_k_m", "answer_agreement": 0.25,
+                   "count_tv": 0.3, "first_token_logprob_diff": 0.3, "accuracy": 0.0},
+             "c": {**good, "path": "g/c-BF16.gguf", "file_type": "bf16", "projector_error": 0.9,
+                   "image_sensitivity": 0.0},
+             "d": {**good, "path": "g/d-Q8_0.gguf", "file_type": "q8_0", "count_agreement": None},
+             "e": {**good, "path": "g/e-Q8_0.gguf", "file_type": "q8_0"}}
+    assert rt.gate_failures(files, {"image_sensitivity": 0.4, "accuracy": 0.5}, params) == [
+        "g/a-F16.gguf: count_agreement 0.25 < 0.95 (smoke.min_f16_count_agreement)",
+        "g/b-Q4_K_M.gguf: count_tv 0.3 > 0.25 (smoke.max_quant_count_tv)",
+        "g/b-Q4_K_M.gguf: answer_agreement 0.25 < 0.8 (smoke.min_quant_answer_agreement)",
+        "g/b-Q4_K_M.gguf: accuracy_drop 0.5 > 0.25 (smoke.max_quant_accuracy_drop)",
+        "g/c-BF16.gguf: image_sensitivity 0 < 0.2 (smoke.min_image_sensitivity_ratio)",
+        "g/c-BF16.gguf: projector_error 0.9 > 0.05 (smoke.max_projector_error)",
+        "g/d-Q8_0.gguf: count_agreement: no answer of the merged model states a count, nothing to compare "
+        "(smoke.min_quant_count_agreement)"]
+    blind = rt.gate_failures({}, {"image_sensitivity": 0.01, "accuracy": 0.5}, params)
+    assert blind == ["the merged model: image_sensitivity 0.01 < 0.1 (smoke.min_image_sensitivity)"]
 
 
 def test_n_ctx_must_leave_room_for_the_prompt():

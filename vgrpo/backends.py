@@ -37,6 +37,22 @@ def check_device_options(train: TrainParams, cuda: bool) -> None:
                           "(set it to false on a CPU)")
 
 
+LOGGERS = {"wandb": "wandb", "trackio": "trackio", "tensorboard": "tensorboard"}  # train.report_to -> module
+
+
+def check_report_to(train: TrainParams) -> None:
+    """Each logger in `train.report_to` is installed, or one line says how to get it (checked without
+    importing it: only the trainer imports a logger, and only one that was asked for)."""
+    import importlib.util
+
+    for name in train.report_to:
+        module = LOGGERS[name]
+        if importlib.util.find_spec(module) is None and not (name == "tensorboard"
+                                                              and importlib.util.find_spec("tensorboardX")):
+            raise ConfigError(f"params.yaml: train.report_to: {name} is not installed (pip install {module} in "
+                              f"the venv), or remove it from train.report_to")
+
+
 def check_vllm_server(train: TrainParams, poll_seconds: float = 2.0) -> None:
     """In `vllm_mode: server`, the rollout server answers at its address before a model loads (TRL
     waits up to the same timeout, then fails with a traceback deep inside the trainer)."""

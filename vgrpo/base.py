@@ -81,6 +81,9 @@ def build_tiny_base(config: Config, base_dir: Path, data_dir: Path, reports_dir:
         else:
             warm = {"sft_steps": 0}
             write_json(reports_dir / "metrics.json", warm)
+        if config.base.sft_steps:  # its answer styles: evaluate and the card read them
+            warm = {**warm, "described_share": config.base.described_share,
+                    "brief_answers": config.base.brief_answers}
         source = {"kind": "tiny", "name": "tiny", "seed": model.tiny_seed, "warm_start": warm,
                   "files": weight_files_on_disk(staging)}
         write_source(base_dir, source, staging)

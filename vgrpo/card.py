@@ -1,7 +1,10 @@
 """The model card (`models/README.md`), written last, from what the pipeline measured: where the base
-came from, the data as generated, evaluation (base vs trained, paired interval, McNemar), and what
-`smoke` measured on every GGUF file in llama.cpp. It reads only files the other stages wrote, so a
-new evaluation refreshes the card without a new export.
+came from, the data as generated, evaluation (base vs trained, paired interval, McNemar; and, where the
+warm start answers a brief style by default, trained vs the warm start made to describe, which is what
+GRPO added), and what `smoke` measured on every GGUF file in llama.cpp. It starts with Hugging Face
+model-card metadata (huggingface_hub's ModelCardData: base model, license, pipeline tag, tags and a
+model-index with the test results), so the Hub links it to its base and shows the results. It reads only
+files the other stages wrote, so a new evaluation refreshes the card without a new export.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 from pathlib import Path
 
 import llama_cpp
+from huggingface_hub import ModelCard
 
 from vgrpo import base
 from vgrpo.config import VgrpoError
@@ -42,30 +46,93 @@ def decoding(evaluation: dict) -> str:
     return "greedy"
 
 
-def evaluation_table(evaluation: dict) -> str:
-    lines = ["| split | images | base | trained | trained - base (paired 95% CI) | McNemar p |",
+def evaluation_table(evaluation: dict, baseline: str = "base") -> str:
+    """One row per split: `baseline` (the warm start as it answers, or made to describe) vs trained."""
+    gain_key = "trained_minus_base" if baseline == "base" else f"trained_minus_{baseline}"
+    lines = [f"| split | images | {BASELINES[baseline]} | trained | trained - that (paired 95% CI) | McNemar p |",
              "|---|---|---|---|---|---|"]
     for split, m in evaluation.items():
-        if not isinstance(m, dict) or "trained_minus_base" not in m:
+        if not isinstance(m, dict) or gain_key not in m:
             continue
-        gain = m["trained_minus_base"]
+        gain = m[gain_key]
         low, high = gain.get("accuracy_ci95", [None, None])
-        lines.append(f"| {split} | {m['base']['samples']} | {m['base']['accuracy']:.3f} | "
+        lines.append(f"| {split} | {m[baseline]['samples']} | {m[baseline]['accuracy']:.3f} | "
                      f"{m['trained']['accuracy']:.3f} | {gain['accuracy']:+.3f} [{low:+.3f}, {high:+.3f}] | "
                      f"{gain.get('mcnemar_p', float('nan')):.3g} |")
     return "\n".join(lines)
 
 
+BASELINES = {"base": "base", "base_described": "warm start made to describe"}
+
+
 def smoke_table(smoke: dict) -> str:
-    lines = ["| model | counting accuracy | answers agree with merged | first tokens agree (teacher-forced) "
-             "| first-token log-prob diff | projector error | tokens/s |", "|---|---|---|---|---|---|---|",
-             f"| merged model (transformers, {smoke['hf'].get('dtype')}) | {smoke['hf']['accuracy']:.3f} | - | - | - "
-             f"| - | {smoke['hf']['tokens_per_second']:.1f} |"]
+    def number(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    hf = smoke["hf"]
+    lines = ["| model | counting accuracy | answers agree with merged | count digits agree (teacher-forced) "
+             "| template tokens agree | first count TV | image sensitivity | projector error | tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|",
+             f"| merged model (transformers, {hf.get('dtype')}) | {hf['accuracy']:.3f} | - | - | - "
+             f"| - | {number(hf.get('image_sensitivity'), '.3g')} | - | {hf['tokens_per_second']:.1f} |"]
     for name, m in smoke["files"].items():
         lines.append(f"| `{name}` | {m['accuracy']:.3f} | {m['answer_agreement']:.3f} | "
-                     f"{m['first_k_token_agreement']:.3f} | {m['first_token_logprob_diff']:.3g} | "
+                     f"{number(m['count_agreement'], '.3f')} | {number(m['template_agreement'], '.3f')} | "
+                     f"{number(m['count_tv'], '.3g')} | {number(m['image_sensitivity'], '.3g')} | "
                      f"{m['projector_error']:.2g} | {m['tokens_per_second']:.1f} |")
     return "\n".join(lines)
+
+
+def data_line(data: dict, size: str, splits: str) -> str:
+    """The data as generated, for any profile's generate params."""
+    grid = " one shape per 32 px cell," if data.get("layout") == "grid" else ""
+    return (f"synthetic {size} px images,{grid} shapes never overlap, every label re-counted by an independent "
+            f"counter; splits {splits}; {data['min_count']}..{data['max_count']} of the asked shape and "
+            f"{data['other_min_count']}..{data['other_max_count']} of each other shape, "
+            f"{data['ood_min_count']}..{data['ood_max_count']} of the asked shape in `ood` (above the training range)")
+
+
+def what_grpo_did(source: dict, evaluation: dict) -> str:
+    """Where the warm start answers a brief style by default, what its greedy accuracy is (a guess, when
+    its brief answers were taught as guesses), and what GRPO added over it made to describe."""
+    warm = source.get("warm_start") or {}
+    test = evaluation.get("test") or {}
+    if warm.get("described_share", 1.0) >= 1 or "base_described" not in test:
+        return ""
+    guessed = warm.get("brief_answers") == "guessed"
+    guess = ", and their number is a guess by design (`base.brief_answers: guessed`)" if guessed else ""
+    gain = test["trained_minus_base_described"]
+    low, high = gain["accuracy_ci95"]
+    return f"""
+## What GRPO did
+
+The starting point (the warm start, `base`) was taught two answer styles by supervised steps: a share of
+{warm['described_share']:.0%} of its answers state the three counts before answering, the others are brief
+("I count the blue circles."){guess}.
+Greedy decoding of the warm start answers brief, so its greedy accuracy ({test['base']['accuracy']:.1%} on the
+test images) {"is a guess's" if guessed else "is the brief style's"}. Made to describe (the brief style's first
+token forbidden), the warm start answers {test['base_described']['accuracy']:.1%} right; after GRPO,
+{test['trained']['accuracy']:.1%}: {gain['accuracy'] * 100:+.1f} points, paired 95% CI [{low * 100:+.1f},
+{high * 100:+.1f}], McNemar p = {gain['mcnemar_p']:.3g}. That difference is what GRPO added to its starting point's
+own counting; the rest of its gain over greedy decoding is the choice of the described style.
+
+{evaluation_table(evaluation, "base_described")}
+"""
+
+
+def card_metadata(source: dict, evaluation: dict, model_name: str, tiny: bool):
+    """Hugging Face model-card metadata: the base model (for a hub base), license, pipeline tag, tags,
+    and a model-index with the trained model's accuracy on each split."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    results = [EvalResult(task_type="image-text-to-text", task_name="shape counting", dataset_type="synthetic-shapes",
+                          dataset_name=f"synthetic shapes ({split})", dataset_split=split, metric_type="accuracy",
+                          metric_name=f"{split} accuracy", metric_value=round(m["trained"]["accuracy"], 4))
+               for split, m in evaluation.items() if isinstance(m, dict) and "trained" in m]
+    return ModelCardData(base_model=source["name"] if source["kind"] == "hub" else None, license="apache-2.0",
+                         pipeline_tag="image-text-to-text", library_name="gguf", model_name=model_name,
+                         tags=["qwen3_vl", "grpo", "lora", "gguf", "llama.cpp", "vision-language", "counting"]
+                         + (["tiny", "cpu"] if tiny else []), eval_results=results or None)
 
 
 def model_card(base_dir: Path, adapter_dir: Path, gguf_dir: Path, data_dir: Path, eval_metrics: Path,
@@ -101,18 +168,21 @@ def model_card(base_dir: Path, adapter_dir: Path, gguf_dir: Path, data_dir: Path
     files = [f"| `{info.path.name}` | {'vision projector' if info is projector else 'text model'} | {info.file_type} "
              f"| {info.path.stat().st_size / 2**20:.1f} MiB |" for info in [*texts, projector]]
     gate = "passed" if smoke["gate"]["passed"] else "FAILED: " + "; ".join(smoke["gate"]["failures"])
-    return f"""# Qwen3-VL that counts shapes, post-trained with GRPO (GGUF for llama.cpp)
+    name = projector.path.name.removeprefix("mmproj-").rsplit("-", 1)[0]  # the GGUF stem: Qwen3-VL-...-shapes-grpo
+    metadata = card_metadata(source, evaluation, name, tiny)
+    title = (f"# {name}: a tiny Qwen3-VL post-trained with GRPO to count shapes, on a CPU (GGUF for llama.cpp)"
+             if tiny else f"# {name}: Qwen3-VL post-trained with GRPO to count shapes (GGUF for llama.cpp)")
+    body = f"""{title}
 
-Counts the {shapes} in {size} images on white. Exported for llama.cpp as a text model plus a separate
-vision projector (`mmproj`), which llama.cpp loads together (`gguf/`); the merged transformers model is
-`merged/`, the LoRA adapter alone `adapter/`.
+Asked how many {shapes.replace(", ", ", or ")} are in a {size} image on white, it answers with its
+reasoning and a count. Exported for llama.cpp as a text model plus a separate vision projector (`mmproj`),
+which llama.cpp loads together (`gguf/`); the merged transformers model is `merged/`, the LoRA adapter
+alone `adapter/`.
 
 - Base model: {origin}.
 - Training: GRPO with a LoRA adapter (r={lora.get('r')}, alpha={lora.get('lora_alpha')}, on the
   {towers or 'model'} layers), merged into the base.
-- Data: synthetic {size} px images, shapes never overlap, every label re-counted by an independent counter;
-  splits {splits}; {data['min_count']}..{data['max_count']} of each shape,
-  {data['ood_min_count']}..{data['ood_max_count']} of the asked shape in `ood` (above the training range).
+- Data: {data_line(data, size, splits)}.
 - Export: `convert_hf_to_gguf.py` and the quantizer of the llama.cpp inside llama-cpp-python
   {llama_cpp.__version__}; the projector stays f16.
 
@@ -122,14 +192,18 @@ vision projector (`mmproj`), which llama.cpp loads together (`gguf/`); the merge
 
 The interval resamples the same images for both models; McNemar's exact test counts the images only one
 of the two answers right.
-
+{what_grpo_did(source, evaluation)}
 ## What the GGUF files do in llama.cpp (`smoke`, greedy, {smoke['num_images']} test images)
 
 {smoke_table(smoke)}
 
-Teacher-forced agreement: share of the merged model's first {smoke['first_k_tokens']} answer tokens that
-llama.cpp also picks given the same prefix. Projector error: relative L2 distance between the image
-embeddings llama.cpp's `mmproj` produces and the merged model's. Gate: {gate}.
+Teacher-forced along the merged model's answers: the share of the digits where they state counts that
+llama.cpp also picks given the same prefix, and of the other (template) tokens; the first count's
+distribution as total-variation distance. Image sensitivity: how far the first count's distribution moves
+when a blank image replaces the real one. Projector error: relative L2 distance between the image
+embeddings llama.cpp's `mmproj` produces and the merged model's. Before these, the merged model answered
+the smoke images as `evaluate`'s base + adapter did ({smoke['hf'].get('evaluated_agreement', 0):.0%} of
+them). Gate: {gate}.
 
 ## Files
 
@@ -201,3 +275,4 @@ ollama create shapes-counter -f Modelfile --quantize q4_K_M
   on quantized files: pass `--no-repack` to the llama.cpp tools.
 {"- A tiny model trained on a CPU: a demonstration of the pipeline, not a useful counter." if tiny else ""}
 """
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}").content

@@ -170,6 +170,7 @@ class TrainParams:
     vllm_gpu_memory_utilization: float = knob(gt=0, le=1)
     vllm_server_base_url: str  # vllm_mode server: where `trl vllm-serve` listens (another node is fine)
     vllm_server_timeout: float = knob(gt=0)  # seconds to wait for that server at start-up
+    report_to: list[Literal["wandb", "trackio", "tensorboard"]]  # besides DVCLive (always): live dashboards
 
 
 @dataclass(frozen=True)
@@ -189,23 +190,30 @@ class EvaluateParams:
 class ExportParams:
     merged_dtype: Literal["float32", "bfloat16", "float16"]
     quantizations: list[str]
+    max_merge_logprob_diff: float = knob(gt=0)  # merged vs base + adapter, next-token log-probs on test images
 
 
 @dataclass(frozen=True)
 class SmokeParams:
     num_images: int = knob(ge=2)
     max_new_tokens: int = knob(ge=1)
-    first_k_tokens: int = knob(ge=1)
     n_threads: int = knob(ge=1)
     n_ctx: int = knob(ge=256)  # llama.cpp context: prompt (text + image tokens) + max_new_tokens
     cpu_repack: bool  # llama.cpp's repacked/AMX CPU weights (off: they crash in VMs without AMX state)
     n_gpu_layers: int | Literal["auto"] = knob(ge=-1)  # text-model layers on the GPU: -1 all, 0 none, auto: what fits
-    min_f16_token_agreement: float = knob(ge=0, le=1)  # teacher-forced, over the first first_k_tokens
-    max_f16_logprob_diff: float = knob(gt=0)  # first token, over the HF model's 10 most likely tokens
-    min_quant_token_agreement: float = knob(ge=0, le=1)  # the same two measures for quantized files, looser
+    min_evaluated_agreement: float = knob(ge=0, le=1)  # merged model vs evaluate's trained predictions, same images
+    # Per GGUF file vs the merged model; unquantized (f16/bf16) files tightly, quantized ones looser:
+    min_f16_count_agreement: float = knob(ge=0, le=1)  # teacher-forced, where the merged model's answer states counts
+    max_f16_count_tv: float = knob(ge=0, le=1)  # the first count's distribution: total-variation distance
+    min_f16_answer_agreement: float = knob(ge=0, le=1)  # parsed answers; two without a number do not agree
+    max_f16_logprob_diff: float = knob(gt=0)  # first token, where the merged model gives p > 1e-3
+    min_quant_count_agreement: float = knob(ge=0, le=1)
+    max_quant_count_tv: float = knob(ge=0, le=1)
+    min_quant_answer_agreement: float = knob(ge=0, le=1)
     max_quant_logprob_diff: float = knob(gt=0)
-    min_quant_answer_agreement: float = knob(ge=0, le=1)  # parsed answers; two without a number do not agree
     max_quant_accuracy_drop: float = knob(ge=0, le=1)  # counting accuracy: merged model minus quantized file
+    min_image_sensitivity: float = knob(ge=0, le=1)  # the merged model's first count, real vs blank image: TV
+    min_image_sensitivity_ratio: float = knob(ge=0, le=1)  # each file's, as a share of the merged model's
     max_projector_error: float = knob(gt=0)  # image embeddings, llama.cpp's mmproj vs transformers: relative L2
 
 
@@ -421,6 +429,8 @@ def _check_relations(config: Config, source: str) -> None:
     for name in t.rewards:
         if name not in REWARD_NAMES:
             fail(f"train.rewards.{name}", f"unknown reward (expected one of {', '.join(REWARD_NAMES)})")
+    if not any(t.rewards.values()):
+        fail("train.rewards", "every weight is 0: GRPO would have no reward (a weight of 0 turns a reward off)")
     generation_batch = t.per_device_train_batch_size * t.gradient_accumulation_steps * t.num_processes
     if generation_batch % t.num_generations:
         fail("train.num_generations", f"{t.num_generations} does not divide the generation batch "

@@ -22,10 +22,11 @@ from vgrpo import base, memory, models
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
 from vgrpo.generation import batch_inputs, generate, next_token_logits
-from vgrpo.prompts import parse_answer, reasoning_text
+from vgrpo.prompts import brief_style_fork, parse_answer, reasoning_text
 from vgrpo.rewards import REWARDS, stated_count
 
 MODELS = ("base", "trained")
+DESCRIBED = "base_described"  # the warm start with its brief style forbidden (only where it has one)
 REASONING_BINS = (0, 16, 32, 64, 128, 256, 512, 10**9)  # tokens; edges of the accuracy-vs-length plot
 
 
@@ -41,8 +42,15 @@ def load_base_and_adapter(config: Config, base_dir: Path, adapter_dir: Path, dty
 
 
 def as_model(model, name: str):
-    """Run as `base` (adapter switched off) or as `trained`."""
-    return model.disable_adapter() if name == "base" else contextlib.nullcontext()
+    """Run as `base` or `base_described` (adapter switched off) or as `trained`."""
+    return contextlib.nullcontext() if name == "trained" else model.disable_adapter()
+
+
+def has_brief_style(source: dict) -> bool:
+    """Whether the warm start was taught a brief answer style beside the described one
+    (base.described_share < 1): then its greedy answers are brief, and `base_described` measures what it
+    can do when made to describe, the fair baseline for what GRPO adds."""
+    return (source.get("warm_start") or {}).get("described_share", 1.0) < 1
 
 
 def score(rows, completions: list[str], tokenizer) -> list[dict]:
@@ -222,26 +230,29 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
     dataset = load_dataset(data_dir, splits=tuple(params.splits))
     splits = {split: dataset[split].select(range(min(params.max_samples[split], len(dataset[split]))))
               for split in params.splits}
+    names = MODELS + ((DESCRIBED,) if has_brief_style(base.read_source(base_dir)) else ())
     if progress is not None:
-        progress.reset(total=len(MODELS) * sum(len(rows) for rows in splits.values()))
+        progress.reset(total=len(names) * sum(len(rows) for rows in splits.values()))
     if torch.cuda.is_available():
-        memory.check_fits(memory.evaluate_plan(config, memory.base_shape(base.base_model_path(base_dir), config),
-                                               dtype), "evaluate", config, *memory.gpu_free_and_name())
+        plan = memory.evaluate_plan(config, memory.model_shape(base.base_model_path(base_dir)), dtype,
+                                    (adapter_dir / "adapter_model.safetensors").stat().st_size)
+        memory.check_fits(plan, "evaluate", config, *memory.gpu_free_and_name())
     model, processor = load_base_and_adapter(config, base_dir, adapter_dir, dtype)
     effect = adapter_effect(model, processor, next(iter(splits.values()))[0], dtype)  # before the long part
+    forbidden = {DESCRIBED: [[brief_style_fork(processor.tokenizer)[1]]]}
 
     records: dict[tuple[str, str], list[dict]] = {}
     completions_ids: dict[tuple[str, str], list[list[int]]] = {}
     torch.manual_seed(params.seed)
     start = time.perf_counter()
     for split, rows in splits.items():
-        for name in MODELS:
+        for name in names:
             ids = []
             for begin in range(0, len(rows), params.batch_size):
                 batch = [rows[i] for i in range(begin, min(begin + params.batch_size, len(rows)))]
                 with as_model(model, name):
                     ids += generate(model, processor, batch, params.max_new_tokens, params.do_sample,
-                                    params.temperature)
+                                    params.temperature, bad_words_ids=forbidden.get(name))
                 if progress is not None:
                     progress.update(len(batch))
             texts = processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -261,6 +272,10 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
         base_records, trained_records = records[(split, "base")], records[(split, "trained")]
         metrics[split] = {"base": summarize(base_records, params), "trained": summarize(trained_records, params),
                           "trained_minus_base": gain(base_records, trained_records, params)}
+        if DESCRIBED in names:  # what GRPO added over the warm start's better decoding
+            described = records[(split, DESCRIBED)]
+            metrics[split][DESCRIBED] = summarize(described, params)
+            metrics[split]["trained_minus_base_described"] = gain(described, trained_records, params)
 
     with_eager_attention(model)
     attention_dir = reports_dir / "attention"

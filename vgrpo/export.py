@@ -17,6 +17,8 @@ separate projector (see the card's Ollama section for the sources and the way th
 from __future__ import annotations
 
 import ctypes
+import json
+import math
 import os
 import subprocess
 import sys
@@ -29,7 +31,7 @@ import llama_cpp
 from vgrpo import base, memory, models
 from vgrpo.config import QUANTIZATIONS, Config, ModelParams, VgrpoError
 from vgrpo.files import atomic_dir, replace_dir
-from vgrpo.gguf_runtime import k_quant_share, quiet_llama_cpp, read_gguf
+from vgrpo.gguf_runtime import k_quant_share, logprob_diff, quiet_llama_cpp, read_gguf
 from vgrpo.vendor import llama_cpp_dir
 
 
@@ -66,28 +68,108 @@ def merge_device(config: Config, base_path: str) -> str:
         return "cpu"
     if config.export.merged_dtype == "bfloat16" and not current_device().native_bf16:
         return "cpu"
-    shape = memory.base_shape(base_path, config)
-    need = memory.weights_bytes(shape, config.export.merged_dtype, False) + shape.lora * 4 + memory.OVERHEAD
+    need = memory.weights_bytes(memory.model_shape(base_path), config.export.merged_dtype, False) + memory.OVERHEAD
     return "cuda" if need <= memory.gpu_free_and_name()[0] else "cpu"
 
 
 # --- Merge ------------------------------------------------------------------------------------
 
-def merge_adapter(config: Config, base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
+MERGE_CHECK_IMAGES = 2  # test images whose next-token log-probs the merged model must keep
+ULPS = 4  # the merged weights may differ from base + scale x B A by this many rounding steps of the operands
+
+
+def merge_adapter(config: Config, base_dir: Path, adapter_dir: Path, data_dir: Path, out_dir: Path) -> dict:
     """Base + adapter -> one model in `export.merged_dtype` (16-bit for the 8B, full precision for the
     tiny model), saved with the processor and chat template the adapter was trained with. The base is
-    loaded in full 16 bits even when training used 4-bit weights (QLoRA adapters merge into those)."""
+    loaded in full 16 bits even when training used 4-bit weights (QLoRA adapters merge into those).
+    Then it is checked to be the model `evaluate` scored: every LoRA module merged (`merge_mismatches`)
+    and the next-token log-probs of base + adapter kept on test images (`export.max_merge_logprob_diff`)."""
     from peft import PeftModel
+
+    from vgrpo.generation import next_token_logits
+    from vgrpo.shapes import load_dataset
 
     models.check_adapter(adapter_dir)
     # The base comes from models/base, not from adapter_config.json, whose path is the training machine's.
     path = base.base_model_path(base_dir)
-    base_model = models.load_model(path, config.export.merged_dtype, device=merge_device(config, path),
-                                   vision_float32=False)
-    merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
+    test = load_dataset(data_dir, splits=("test",))["test"]
+    rows = [test[i] for i in range(min(MERGE_CHECK_IMAGES, len(test)))]
     processor = models.load_processor(str(adapter_dir), config.model)
+    dtype = config.export.merged_dtype
+    base_model = models.load_model(path, dtype, device=merge_device(config, path), vision_float32=False)
+    adapted = PeftModel.from_pretrained(base_model, str(adapter_dir)).eval()
+    before = [next_token_logits(adapted, processor, row).log_softmax(-1).double().cpu().numpy() for row in rows]
+    merged = adapted.merge_and_unload()
     merged.save_pretrained(out_dir, safe_serialization=True)
     processor.save_pretrained(out_dir)
+
+    checked, missing, rounded_away = merge_mismatches(path, adapter_dir, out_dir, dtype)
+    if missing:
+        raise ExportError(f"{adapter_dir}: {len(missing)} of {checked} LoRA modules are not in the merged model "
+                          f"(merged weight != base + scale x B A in {dtype}; first: {missing[0]}): the merge dropped "
+                          "them, so the export would not be the model evaluate scored")
+    after = [next_token_logits(merged.eval(), processor, row).log_softmax(-1).double().cpu().numpy() for row in rows]
+    diff = max(logprob_diff(a, b) for a, b in zip(after, before, strict=True))
+    if diff > config.export.max_merge_logprob_diff:
+        raise ExportError(f"{adapter_dir}: the merged model's next-token log-probs differ from base + adapter's by "
+                          f"{diff:.3g} nats on test images (> export.max_merge_logprob_diff "
+                          f"{config.export.max_merge_logprob_diff:g}): the merge changed the model")
+    return {"lora_modules": checked, "lora_modules_rounded_away": rounded_away, "merge_logprob_diff": round(diff, 6)}
+
+
+def merge_mismatches(base_path: str, adapter_dir: Path, merged_dir: Path, dtype: str) -> tuple[int, list[str], int]:
+    """Every LoRA module of the adapter, read back from the saved files: is the merged weight the base
+    weight plus scale x B A, rounded to `dtype` (within ULPS of its rounding steps, as PEFT's merge rounds
+    it)? Tensor by tensor, so no second model is held in memory. Returns the modules checked, those whose
+    update is missing, and how many modules' whole update is below the dtype's resolution (merged or not,
+    their weights would be the same)."""
+    import torch
+    from safetensors import safe_open
+
+    lora = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
+    scale = lora["lora_alpha"] / (math.sqrt(lora["r"]) if lora.get("use_rslora") else lora["r"])
+    base_files, merged_files = tensor_files(Path(base_path)), tensor_files(Path(merged_dir))
+    eps = torch.finfo(models.DTYPES[dtype]).eps
+    missing, rounded_away, checked = [], 0, 0
+    with safe_open(str(Path(adapter_dir) / "adapter_model.safetensors"), "pt") as adapter:
+        for key in sorted(k for k in adapter.keys() if ".lora_A." in k):
+            module = key.removeprefix("base_model.model.").split(".lora_A.")[0]
+            name = f"{module}.weight"
+            if name not in base_files or name not in merged_files:
+                where = "the base" if name not in base_files else "the merged model"
+                raise ExportError(f"{merged_dir}: no tensor {name} in {where} for the adapter's LoRA module: the merge "
+                                  "cannot be checked")
+            delta = scale * (adapter.get_tensor(key.replace(".lora_A.", ".lora_B.")).float()
+                             @ adapter.get_tensor(key).float())
+            weight = read_tensor(base_files[name], name).float()
+            expected = (weight + delta).to(models.DTYPES[dtype]).float()
+            merged = read_tensor(merged_files[name], name).float()
+            # PEFT rounds the base and the update to `dtype` before it adds them: allow that on each operand
+            tolerance = ULPS * eps * (weight.abs() + delta.abs()) + 1e-30
+            checked += 1
+            if ((merged - expected).abs() > tolerance).any():
+                missing.append(module)
+            elif torch.equal(expected, weight.to(models.DTYPES[dtype]).float()):
+                rounded_away += 1
+    return checked, missing, rounded_away
+
+
+def tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file that holds it (a single file, or shards with their index)."""
+    from safetensors import safe_open
+
+    files = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            files.update({name: path for name in f.keys()})
+    return files
+
+
+def read_tensor(path: Path, name: str):
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.get_tensor(name)
 
 
 # --- GGUF -------------------------------------------------------------------------------------
@@ -119,16 +201,20 @@ def quantize(source: Path, dest: Path, quantization: str) -> None:
         raise ExportError(f"{source}: llama.cpp could not quantize it to {quantization} (code {code})")
 
 
-def run_export(config: Config, base_dir: Path, adapter_dir: Path, merged_dir: Path, gguf_dir: Path) -> dict:
-    """The `export` stage: merge, convert, quantize. Both outputs are built beside the old ones and
-    swapped in together at the end, so a failure anywhere leaves the previous export whole."""
+def run_export(config: Config, base_dir: Path, adapter_dir: Path, data_dir: Path, merged_dir: Path,
+               gguf_dir: Path) -> dict:
+    """The `export` stage: merge (and check the merge), convert, quantize. Both outputs are built beside
+    the old ones and swapped in together at the end, so a failure anywhere leaves the previous export whole."""
+    from vgrpo.shapes import load_dataset
+
     start = time.perf_counter()
     models.check_adapter(adapter_dir)
     base.base_model_path(base_dir)
     llama_cpp_dir()  # a missing converter fails here, not after the merge
+    load_dataset(data_dir, splits=("test",))  # the merge check's images
     stem = gguf_stem(config.model)
     with atomic_dir(merged_dir, swap=False) as merged_tmp, atomic_dir(gguf_dir, swap=False) as gguf_tmp:
-        merge_adapter(config, base_dir, adapter_dir, merged_tmp)
+        merge = merge_adapter(config, base_dir, adapter_dir, data_dir, merged_tmp)
         outtype = GGUF_TYPES[config.export.merged_dtype]
         unquantized = gguf_tmp / gguf_name(stem, outtype)
         projector_path = gguf_tmp / gguf_name(stem, "f16", projector=True)
@@ -144,5 +230,5 @@ def run_export(config: Config, base_dir: Path, adapter_dir: Path, merged_dir: Pa
                  for info in [*texts, projector]}
         replace_dir(merged_tmp, merged_dir)
         replace_dir(gguf_tmp, gguf_dir)
-    return {"merged": str(merged_dir), "gguf": str(gguf_dir), "files": files,
+    return {"merged": str(merged_dir), "gguf": str(gguf_dir), "files": files, "merge": merge,
             "seconds": round(time.perf_counter() - start, 1)}

@@ -2,8 +2,12 @@
 image questions with llama-cpp-python (text GGUF + mmproj), and measure how closely those answers
 follow the merged transformers model's on the same images. `run_smoke` is the `smoke` stage.
 
-Parity is measured on tokens, not on meaning: the tiny random model answers garbage, but an export
-that is right answers the same garbage, token for token.
+What is gated is what carries the task: the counts. Teacher-forced along the merged model's answer,
+llama.cpp must choose the same digits where that answer states a count (`count_agreement`; the other,
+template tokens are reported apart), give the first count the same distribution (`count_tv`), parse to
+the same answers, and its counts must move with the image as much as the merged model's do (a blank
+image in its place: `image_sensitivity`). Before any of that, the merged model must answer the smoke
+images as `evaluate` answered them with base + adapter: the file shipped is the model evaluated.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import io
+import json
 import math
 import mmap
 import struct
@@ -262,14 +267,23 @@ class Answer:
     token_ids: list[int]  # generated ids, the end-of-turn token included when the model stopped
     first_logprobs: np.ndarray  # log-probabilities of the first generated token, over the vocabulary
     seconds: float  # the whole request: image encoding, prompt, generation
-    count_logprobs: np.ndarray | None = None  # log-probabilities where the reference answer states its count
+    count_logprobs: np.ndarray | None = None  # log-probabilities where the answer states its first count
+    blank_count_logprobs: np.ndarray | None = None  # the same, its prefix kept, with a blank image instead
 
 
 @dataclass
 class Forced:
     """llama.cpp following the reference answer token by token (teacher forcing)."""
-    choices: list[int]  # its own greedy choice at each of the first positions
-    count_logprobs: np.ndarray | None  # its log-probabilities at the reference's count position
+    choices: list[int]  # its own greedy choice at each position of the reference answer
+    count_logprobs: np.ndarray | None  # its log-probabilities at the reference's first count
+    blank_count_logprobs: np.ndarray | None = None  # the same with a blank image: does the image move it?
+
+
+def blank_image(image):
+    """A white image of the same size: no shape to count."""
+    from PIL import Image
+
+    return Image.new("RGB", image.size, "white")
 
 
 def llama_answer(llama, question: str, image, max_tokens: int) -> Answer:
@@ -277,14 +291,18 @@ def llama_answer(llama, question: str, image, max_tokens: int) -> Answer:
     return _llama_chat(llama, question, image, max_tokens)
 
 
-def llama_forced(llama, question: str, image, reference: list[int], first_k: int, count_at: int | None) -> Forced:
-    """llama.cpp's greedy choice at each of the reference's first `first_k` positions, and its
-    log-probabilities at the reference's count position, while generation follows the reference."""
-    length = min(len(reference), max(first_k, (count_at or 0) + 1))
-    if not length:
+def llama_forced(llama, question: str, image, reference: list[int], count_at: int | None) -> Forced:
+    """llama.cpp's greedy choice at each position of the reference answer while generation follows it,
+    its log-probabilities at the reference's first count, and the same log-probabilities with a blank
+    image (the prefix forced up to the count only)."""
+    if not reference:
         return Forced([], None)
-    answer = _llama_chat(llama, question, image, length, forced=reference[:length], capture_at=count_at)
-    return Forced(answer.token_ids[:first_k], answer.count_logprobs)
+    answer = _llama_chat(llama, question, image, len(reference), forced=reference, capture_at=count_at)
+    blank = None
+    if count_at is not None:
+        blank = _llama_chat(llama, question, blank_image(image), count_at + 1, forced=reference[:count_at + 1],
+                            capture_at=count_at).count_logprobs
+    return Forced(answer.token_ids, answer.count_logprobs, blank)
 
 
 def _llama_chat(llama, question: str, image, max_tokens: int, forced: list[int] | None = None,
@@ -318,9 +336,22 @@ def _llama_chat(llama, question: str, image, max_tokens: int, forced: list[int] 
 
 
 @torch.no_grad()
+def hf_forced_logprobs(model, processor, question: str, image, prefix: list[int]) -> np.ndarray:
+    """The next-token log-probabilities after the prompt (with `image`) and the answer tokens `prefix`."""
+    from vgrpo.generation import batch_inputs
+
+    inputs = batch_inputs(processor, [{"question": question, "image": image}], model.device)
+    forced = torch.tensor([prefix], device=model.device, dtype=inputs["input_ids"].dtype)
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], forced], dim=1)
+    inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(forced)], dim=1)
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    return _log_softmax(model(**inputs, logits_to_keep=1).logits[0, -1].double().cpu().numpy())
+
+
+@torch.no_grad()
 def hf_answer(model, processor, question: str, image, max_new_tokens: int) -> Answer:
-    """Greedy answer from transformers, with the same prompt and image-token budget, and its
-    log-probabilities where it states its count (its first number)."""
+    """Greedy answer from transformers, with the same prompt and image-token budget, its log-probabilities
+    where it states its first count, and the same with a blank image in place of the real one."""
     inputs = processor.apply_chat_template(hf_messages(question, image), add_generation_prompt=True, tokenize=True,
                                            return_dict=True, return_tensors="pt").to(model.device)
     start = time.perf_counter()
@@ -330,13 +361,21 @@ def hf_answer(model, processor, question: str, image, max_new_tokens: int) -> An
     ids = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
     text = processor.tokenizer.decode(ids, skip_special_tokens=True)
     at = count_position(ids, processor.tokenizer)
-    count = _log_softmax(out.logits[at][0].double().cpu().numpy()) if at is not None else None
-    return Answer(text, ids, _log_softmax(out.logits[0][0].double().cpu().numpy()), seconds, count)
+    count = blank = None
+    if at is not None:
+        count = _log_softmax(out.logits[at][0].double().cpu().numpy())
+        blank = hf_forced_logprobs(model, processor, question, blank_image(image), ids[:at])
+    return Answer(text, ids, _log_softmax(out.logits[0][0].double().cpu().numpy()), seconds, count, blank)
+
+
+def count_positions(ids: list[int], tokenizer) -> list[int]:
+    """Where an answer states numbers (its digit tokens: the counts in its reasoning and its answer)."""
+    return [i for i, token in enumerate(ids) if tokenizer.decode([token]).strip()[:1].isdigit()]
 
 
 def count_position(ids: list[int], tokenizer) -> int | None:
     """The position of an answer's first digit: where the model says how many it sees."""
-    return next((i for i, token in enumerate(ids) if tokenizer.decode([token]).strip()[:1].isdigit()), None)
+    return next(iter(count_positions(ids, tokenizer)), None)
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -405,7 +444,7 @@ class Run:
     load_seconds: float
     image_embeddings: list[np.ndarray]  # what the vision side hands the language model, per image
     forced: list[Forced] | None = None
-    count_positions: list[int | None] | None = None  # the reference's: where each answer states its count
+    count_positions: list[list[int]] | None = None  # the reference's: where each answer states a number
 
 
 def run_hf(merged_dir: Path, config: Config, dtype: str, samples: list[dict]) -> tuple[Run, dict]:
@@ -435,7 +474,7 @@ def _merged_model_answers(merged_dir: Path, config: Config, dtype: str, samples:
     load_seconds = time.perf_counter() - start
     answers = [hf_answer(model, processor, s["question"], s["image"], config.smoke.max_new_tokens) for s in samples]
     models.check_finite(torch.from_numpy(answers[0].first_logprobs), dtype, f"smoke: the merged model ({merged_dir})")
-    positions = [count_position(a.token_ids, processor.tokenizer) for a in answers]
+    positions = [count_positions(a.token_ids, processor.tokenizer) for a in answers]
     embeddings = [hf_image_embeddings(model, processor, s["image"]) for s in samples]
     free_loaded = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -446,18 +485,31 @@ def _merged_model_answers(merged_dir: Path, config: Config, dtype: str, samples:
 def run_llama(text: GGUFInfo, projector: GGUFInfo, samples: list[dict], params: SmokeParams, reference: Run) -> Run:
     with open_llama(text, projector, params) as (llama, load_seconds):
         answers = [llama_answer(llama, s["question"], s["image"], params.max_new_tokens) for s in samples]
-        forced = [llama_forced(llama, s["question"], s["image"], r.token_ids, params.first_k_tokens, at)
+        forced = [llama_forced(llama, s["question"], s["image"], r.token_ids, next(iter(at), None))
                   for s, r, at in zip(samples, reference.answers, reference.count_positions, strict=True)]
         embeddings = [llama_image_embeddings(llama, s["image"]) for s in samples]
     return Run(answers, load_seconds, embeddings, forced)
 
 
-def token_agreement(choices: list[int], reference: list[int]) -> float:
-    """Share of the reference's tokens that llama.cpp also chose, each given the reference's own
-    prefix. Comparing free-running answers instead would let one near-tie (a top-2 margin below
-    f16 rounding, common in a random model) flip a token and count everything after it as wrong."""
-    # Not strict: llama.cpp stops early on an end-of-generation token that transformers does not stop on.
-    return sum(a == b for a, b in zip(choices, reference, strict=False)) / len(reference) if reference else 1.0
+def forced_agreement(run: Run, reference: Run) -> tuple[float | None, float | None]:
+    """Share of the reference's tokens that llama.cpp also chose, each given the reference's own prefix:
+    at the positions where the reference states a number (the counts), and at every other position (the
+    template: tags, colour and shape words). None when there are no such positions. Teacher forcing, not
+    free-running answers, so one near-tie cannot flip everything after it."""
+    counts, template = [], []
+    for forced, answer, numbers in zip(run.forced, reference.answers, reference.count_positions, strict=True):
+        # Not strict: llama.cpp stops on an end-of-generation token that transformers may not stop on.
+        for i, (choice, token) in enumerate(zip(forced.choices, answer.token_ids, strict=False)):
+            (counts if i in numbers else template).append(choice == token)
+    return (_mean(counts) if counts else None), (_mean(template) if template else None)
+
+
+def image_sensitivity(counts: list[tuple[np.ndarray | None, np.ndarray | None]]) -> float | None:
+    """How much the image moves the first count: mean TV distance between the count distribution with the
+    real image and with a blank one, the answer's prefix the same. ~0 for a model (or a projector) that
+    ignores the image. None when no answer states a count."""
+    pairs = [(real, blank) for real, blank in counts if real is not None and blank is not None]
+    return round(float(np.mean([likely_tv(blank, real) for real, blank in pairs])), 6) if pairs else None
 
 
 def likely_tokens(reference: np.ndarray) -> np.ndarray:
@@ -503,21 +555,23 @@ def scores(run: Run, samples: list[dict]) -> dict:
     }
 
 
-def parity(run: Run, reference: Run, k: int) -> dict:
+def parity(run: Run, reference: Run) -> dict:
     """How closely a llama.cpp run follows the reference (the merged HF model) on the same images."""
     pairs = list(zip(run.answers, reference.answers, strict=True))
     answers = [(parse_answer(a.text), parse_answer(r.text)) for a, r in pairs]
     mismatch = count_mismatch(run, reference)
+    count_agreement, template_agreement = forced_agreement(run, reference)
     return {
-        "first_k_token_agreement": _mean([token_agreement(f.choices, r.token_ids[:k])
-                                          for f, (_, r) in zip(run.forced, pairs, strict=True)]),
-        "first_token_logprob_diff": round(max(logprob_diff(a.first_logprobs, r.first_logprobs)
-                                              for a, r in pairs), 6),
+        "count_agreement": count_agreement,
+        "template_agreement": template_agreement,
+        "count_tv": None if mismatch is None else round(mismatch, 6),
         # Two answers that give no number are not an agreement.
         "answer_agreement": _mean([a is not None and a == r for a, r in answers]),
+        "first_token_logprob_diff": round(max(logprob_diff(a.first_logprobs, r.first_logprobs)
+                                              for a, r in pairs), 6),
         "same_answers": _mean([a.token_ids == r.token_ids for a, r in pairs]),
         "distinct_answers": len({tuple(a.token_ids) for a in run.answers}),
-        "count_tv": None if mismatch is None else round(mismatch, 6),
+        "image_sensitivity": image_sensitivity([(f.count_logprobs, f.blank_count_logprobs) for f in run.forced]),
         "projector_error": round(projector_error(run.image_embeddings, reference.image_embeddings), 6),
     }
 
@@ -527,28 +581,76 @@ def _mean(values) -> float:
     return round(sum(values) / len(values), 4) if values else 0.0
 
 
-def gate_failures(file_metrics: dict[str, dict], reference_accuracy: float, params: SmokeParams) -> list[str]:
-    """One line per missed threshold: file, measure, value, threshold. Every file is gated on teacher-forced
-    token agreement, first-token log-probs and the image (quantized files with looser thresholds), and
-    quantized files also on their answers and their accuracy next to the merged model's."""
+def gate_failures(file_metrics: dict[str, dict], reference: dict, params: SmokeParams) -> list[str]:
+    """One line per missed threshold: file, measure, value, threshold. Every file is gated on the counts
+    (teacher-forced count agreement, the first count's distribution, parsed answers), the first token's
+    log-probs, the image (its counts move with it as the merged model's do; its projector's embeddings)
+    and, for quantized files, its accuracy next to the merged model's; unquantized files tightly,
+    quantized ones looser. The merged model's own counts must move with the image too."""
     failures = []
+
+    def check(path: str, measure: str, value, sense: str, key: str, threshold: float | None = None) -> None:
+        threshold = getattr(params, key) if threshold is None else threshold
+        if value is None:
+            failures.append(f"{path}: {measure}: no answer of the merged model states a count, nothing to compare "
+                            f"(smoke.{key})")
+        elif (value < threshold) if sense == ">=" else (value > threshold):
+            failures.append(f"{path}: {measure} {value:.4g} {'<' if sense == '>=' else '>'} {threshold:.4g} "
+                            f"(smoke.{key})")
+
+    reference_sensitivity = reference["image_sensitivity"]
+    check("the merged model", "image_sensitivity", reference_sensitivity, ">=", "min_image_sensitivity")
     for m in file_metrics.values():
-        if m["file_type"] in UNQUANTIZED:
-            checks = [("first_k_token_agreement", ">=", "min_f16_token_agreement"),
-                      ("first_token_logprob_diff", "<=", "max_f16_logprob_diff")]
-        else:
-            checks = [("first_k_token_agreement", ">=", "min_quant_token_agreement"),
-                      ("first_token_logprob_diff", "<=", "max_quant_logprob_diff"),
-                      ("answer_agreement", ">=", "min_quant_answer_agreement"),
-                      ("accuracy_drop", "<=", "max_quant_accuracy_drop")]
-            m["accuracy_drop"] = round(reference_accuracy - m["accuracy"], 4)
-        checks.append(("projector_error", "<=", "max_projector_error"))
-        for measure_name, sense, key in checks:
-            value, threshold = m[measure_name], getattr(params, key)
-            if (value < threshold) if sense == ">=" else (value > threshold):
-                missed = "<" if sense == ">=" else ">"
-                failures.append(f"{m['path']}: {measure_name} {value:.4g} {missed} {threshold:g} (smoke.{key})")
+        kind = "f16" if m["file_type"] in UNQUANTIZED else "quant"
+        check(m["path"], "count_agreement", m["count_agreement"], ">=", f"min_{kind}_count_agreement")
+        check(m["path"], "count_tv", m["count_tv"], "<=", f"max_{kind}_count_tv")
+        check(m["path"], "answer_agreement", m["answer_agreement"], ">=", f"min_{kind}_answer_agreement")
+        check(m["path"], "first_token_logprob_diff", m["first_token_logprob_diff"], "<=", f"max_{kind}_logprob_diff")
+        if kind == "quant":
+            m["accuracy_drop"] = round(reference["accuracy"] - m["accuracy"], 4)
+            check(m["path"], "accuracy_drop", m["accuracy_drop"], "<=", "max_quant_accuracy_drop")
+        if reference_sensitivity:  # the file's counts move with the image as much as the merged model's do
+            check(m["path"], "image_sensitivity", m["image_sensitivity"], ">=", "min_image_sensitivity_ratio",
+                  threshold=params.min_image_sensitivity_ratio * reference_sensitivity)
+        check(m["path"], "projector_error", m["projector_error"], "<=", "max_projector_error")
     return failures
+
+
+def evaluated_agreement(run: Run, samples: list[dict], predictions_path: Path, merged_dir: Path,
+                        threshold: float) -> float:
+    """The merged model is the evaluated one: on the smoke images that `evaluate` answered, its greedy
+    answers equal evaluate's trained predictions (base + adapter, same prompt, image budget and
+    decoding): the same text as far as both go, or the same parsed count. A merge that dropped the
+    adapter, or a module of it, ships another model; that stops the stage here, in one line."""
+    trained = {}
+    try:
+        for line in Path(predictions_path).read_text().splitlines():
+            record = json.loads(line)
+            if record["split"] == "test" and record["model"] == "trained":
+                trained[record["id"]] = record
+    except FileNotFoundError:
+        raise VgrpoError(f"{predictions_path}: not found (run the evaluate stage: dvc repro evaluate)") from None
+    pairs = [(s["id"], a, trained[s["id"]]) for s, a in zip(samples, run.answers, strict=True) if s["id"] in trained]
+    if not pairs:
+        raise VgrpoError(f"{predictions_path}: evaluate answered none of smoke's {len(samples)} test images (raise "
+                         "evaluate.max_samples.test, or lower smoke.num_images)")
+
+    def same(answer: Answer, record: dict) -> bool:
+        text, evaluated = answer.text.strip(), record["completion"].strip()
+        parsed = parse_answer(answer.text)
+        return text.startswith(evaluated) or evaluated.startswith(text) or (parsed is not None
+                                                                              and parsed == record["parsed"])
+
+    agree = [same(answer, record) for _, answer, record in pairs]
+    share = round(sum(agree) / len(agree), 4)
+    if share < threshold:
+        first = next(i for i, ok in enumerate(agree) if not ok)
+        image, answer, record = pairs[first]
+        raise VgrpoError(f"{merged_dir}: the merged model answers {sum(agree)} of {len(agree)} smoke images as "
+                         f"evaluate's trained model did ({share:.4g} < {threshold:g}, smoke.min_evaluated_agreement; "
+                         f"{image}: {parse_answer(answer.text)} here, {record['parsed']} in evaluate): the merge "
+                         "is not the evaluated model (a dropped adapter or LoRA module?)")
+    return share
 
 
 # --- The stage ------------------------------------------------------------------------------------
@@ -568,9 +670,9 @@ def check_merged(merged_dir: Path) -> None:
 
 
 def run_smoke(config: Config, dtype: str, merged_dir: Path, gguf_dir: Path, data_dir: Path, reports_dir: Path,
-              log=print) -> tuple[dict, list[str]]:
-    """Answer the same test images with the merged HF model and every GGUF; write metrics and
-    predictions; return the metrics and the thresholds missed."""
+              predictions_path: Path, log=print) -> tuple[dict, list[str]]:
+    """Answer the same test images with the merged HF model (checked against evaluate's predictions
+    first) and every GGUF; write metrics and predictions; return the metrics and the thresholds missed."""
     params = config.smoke
     check_merged(merged_dir)
     texts, projector = find_gguf_files(gguf_dir)  # every header, before any model loads
@@ -578,10 +680,13 @@ def run_smoke(config: Config, dtype: str, merged_dir: Path, gguf_dir: Path, data
     torch.set_num_threads(params.n_threads)  # the same CPU threads on both sides
 
     if torch.cuda.is_available():
-        memory.check_fits(memory.smoke_plan(config, memory.base_shape(str(merged_dir), config), dtype),
+        memory.check_fits(memory.smoke_plan(config, memory.model_shape(str(merged_dir)), dtype),
                           "the merged model in smoke", config, *memory.gpu_free_and_name())
+    if not Path(predictions_path).is_file():
+        raise VgrpoError(f"{predictions_path}: not found (run the evaluate stage: dvc repro evaluate)")
     runs = {}
     runs["hf"], freed = run_hf(merged_dir, config, dtype, samples)
+    agreement = evaluated_agreement(runs["hf"], samples, predictions_path, merged_dir, params.min_evaluated_agreement)
     log(f"smoke: hf {tokens_per_second(runs['hf'].answers):.1f} tokens/s; freed the transformers model "
         f"({freed['memory_freed_gb']:.2f} GiB {'of GPU memory' if torch.cuda.is_available() else 'of weights'}) "
         "before llama.cpp loads")
@@ -591,18 +696,21 @@ def run_smoke(config: Config, dtype: str, merged_dir: Path, gguf_dir: Path, data
         m = files[text.path.name] = {
             "path": str(text.path), "file_type": text.file_type, "mmproj": projector.path.name,
             "n_gpu_layers": gpu_layers(text, projector, params),
-            **scores(run, samples), **parity(run, runs["hf"], params.first_k_tokens),
+            **scores(run, samples), **parity(run, runs["hf"]),
             "tensor_types": text.tensor_types, "k_quant_share": k_quant_share(text.tensor_types)}
-        log(f"smoke: {text.path.name} {m['tokens_per_second']:.1f} tokens/s, first-{params.first_k_tokens} token "
-            f"agreement {m['first_k_token_agreement']}, first-token log-prob diff {m['first_token_logprob_diff']}")
-    metrics = {"num_images": len(samples), "first_k_tokens": params.first_k_tokens,
+        log(f"smoke: {text.path.name} {m['tokens_per_second']:.1f} tokens/s, count agreement "
+            f"{m['count_agreement']}, count TV {m['count_tv']}, answers agree {m['answer_agreement']}, image "
+            f"sensitivity {m['image_sensitivity']}")
+    hf_sensitivity = image_sensitivity([(a.count_logprobs, a.blank_count_logprobs) for a in runs["hf"].answers])
+    metrics = {"num_images": len(samples),
                "hf": {**scores(runs["hf"], samples), "dtype": dtype, "load_in_4bit": config.train.load_in_4bit,
-                      **freed}, "files": files}
+                      "evaluated_agreement": agreement, "image_sensitivity": hf_sensitivity, **freed},
+               "files": files}
     records = [{"model": name, "id": s["id"], "question": s["question"], "answer": s["answer"],
                 "completion": a.text, "parsed": parse_answer(a.text), "tokens": len(a.token_ids)}
                for name, run in runs.items() for s, a in zip(samples, run.answers, strict=True)]
     metrics["peak_vram_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
-    failures = gate_failures(files, metrics["hf"]["accuracy"], params)
+    failures = gate_failures(files, metrics["hf"], params)
     metrics["gate"] = {"passed": not failures, "failures": failures}
     write_jsonl(Path(reports_dir) / "predictions.jsonl", records)
     write_json(Path(reports_dir) / "metrics.json", metrics)

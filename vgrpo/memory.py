@@ -65,9 +65,10 @@ class ModelShape:
         return self.decoder_linear + self.vision + self.other
 
 
-def model_shape(config_source: str | Path | dict, target_modules: str, lora_r: int) -> ModelShape:
+def model_shape(config_source: str | Path | dict, target_modules: str | None = None, lora_r: int = 0) -> ModelShape:
     """The shape of the model in `config_source` (a model directory, or a config dict), with LoRA of rank
-    `lora_r` on the modules that `target_modules` (vgrpo.models.lora_target_modules) full-matches."""
+    `lora_r` on the modules that `target_modules` (vgrpo.models.lora_target_modules) full-matches (none
+    without them: a merged model, or where the adapter's own file gives its size)."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, Qwen3VLConfig
 
@@ -85,9 +86,9 @@ def model_shape(config_source: str | Path | dict, target_modules: str, lora_r: i
             counts["decoder_linear"] += parameter.numel()
         else:
             counts["other"] += parameter.numel()
-    pattern = re.compile(target_modules)
+    pattern = re.compile(target_modules) if target_modules else None
     lora = sum(lora_r * (module.in_features + module.out_features) for name, module in model.named_modules()
-               if isinstance(module, torch.nn.Linear) and pattern.fullmatch(name))
+               if pattern and isinstance(module, torch.nn.Linear) and pattern.fullmatch(name))
     text = config.text_config
     return ModelShape(**counts, lora=lora, hidden=text.hidden_size, intermediate=text.intermediate_size,
                       layers=text.num_hidden_layers, kv_width=text.num_key_value_heads * text.head_dim,
@@ -128,11 +129,11 @@ def train_plan(config: Config, shape: ModelShape, dtype: str) -> dict[str, float
     return _in_gb(plan)
 
 
-def evaluate_plan(config: Config, shape: ModelShape, dtype: str) -> dict[str, float]:
-    """GB by part for `evaluate`: base + adapter, batched greedy generation."""
+def evaluate_plan(config: Config, shape: ModelShape, dtype: str, adapter_bytes: int) -> dict[str, float]:
+    """GB by part for `evaluate`: base + adapter (its file's size), batched greedy generation."""
     e = config.evaluate
     plan = {
-        "weights": weights_bytes(shape, dtype, config.train.load_in_4bit) + shape.lora * 4,
+        "weights": weights_bytes(shape, dtype, config.train.load_in_4bit) + adapter_bytes,
         "kv_cache": kv_cache_bytes(shape, e.batch_size, PROMPT_TOKENS + e.max_new_tokens, dtype),
         "logits": e.batch_size * shape.vocab * 4,  # one step's, per sequence (generate keeps the last position only)
         "overhead": OVERHEAD,

@@ -68,6 +68,17 @@ def brief_answer(counts: dict[str, int], colours: dict[str, str], asked: str) ->
             f"{SOLUTION_START}{counts[asked]}{SOLUTION_END}")
 
 
+def brief_style_fork(tokenizer) -> tuple[list[int], int]:
+    """The tokens both warm-start answer styles begin with, and the brief style's first token after them:
+    forbidding that token makes greedy decoding describe (evaluate's `base_described`)."""
+    counts, colours = {"triangles": 2, "circles": 3, "squares": 1}, {"triangles": "red", "circles": "blue",
+                                                                      "squares": "green"}  # any: only words differ
+    brief = tokenizer(brief_answer(counts, colours, "circles"), add_special_tokens=False)["input_ids"]
+    described = tokenizer(reference_answer(counts, colours, "circles"), add_special_tokens=False)["input_ids"]
+    fork = next(i for i, (b, d) in enumerate(zip(brief, described, strict=False)) if b != d)
+    return brief[:fork], brief[fork]
+
+
 def parse_answer(completion: str) -> int | None:
     """The answer a completion gives: the integer in its single `<SOLUTION>` block, else the last
     integer anywhere in it, else None. Evaluation accuracy uses this rule."""

@@ -169,8 +169,10 @@ REWARDS: dict[str, Reward] = {
 
 
 def reward_functions(weights: dict[str, float]) -> tuple[list[Reward], list[float]]:
-    """`train.rewards` -> (TRL's `reward_funcs`, `GRPOConfig.reward_weights`), in the same order."""
+    """`train.rewards` -> (TRL's `reward_funcs`, `GRPOConfig.reward_weights`), in the same order. A weight
+    of 0 turns a reward off (a profile merges into the default's table, so it cannot remove a key)."""
     for name in weights:
         if name not in REWARDS:
             raise ConfigError(f"train.rewards.{name}: unknown reward (expected one of {', '.join(REWARDS)})")
-    return [REWARDS[name] for name in weights], [float(weight) for weight in weights.values()]
+    used = {name: float(weight) for name, weight in weights.items() if weight}
+    return [REWARDS[name] for name in used], list(used.values())

@@ -73,7 +73,7 @@ def grpo_config(train: TrainParams, output_dir: str | Path, dtype: str, cuda: bo
         logging_steps=train.logging_steps,
         seed=train.seed,
         data_seed=train.seed,
-        report_to=[],
+        report_to=list(train.report_to),  # DVCLive is ours (LiveCurves), always on
         log_completions=False,
         **trainer_precision(dtype),
         use_cpu=not cuda,
