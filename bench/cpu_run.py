@@ -4,7 +4,7 @@ then the figures the README's CPU section reports, and the picture of its curves
     .venv/bin/python bench/cpu_run.py                          # a temp clone, removed afterwards
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # keep the clone (bench/sft_control.py reads it)
     .venv/bin/python bench/cpu_run.py --picture docs/cpu_run.png
-    .venv/bin/python bench/cpu_run.py --set profiles.cpu.train.max_steps=450   # a variant: `dvc exp run -S` each
+    .venv/bin/python bench/cpu_run.py --set train.max_steps=450   # a variant: `dvc exp run -S` each, after the profile
     .venv/bin/python bench/cpu_run.py --report /tmp/cpu-run    # the figures of a run made before (not timed)
 
 Prints minutes per stage (from when DVC starts each), the warm start's held-out accuracy, base vs
@@ -183,7 +183,7 @@ def picture(repo: Path, out: Path) -> None:
 @click.option("--keep", "keep", type=click.Path(path_type=Path), help="Clone here and keep it.")
 @click.option("--picture", "picture_path", type=click.Path(path_type=Path), help="Write the curves here (PNG).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="A params override for `dvc exp run -S` (repeatable), e.g. profiles.cpu.train.max_steps=450.")
+              help="A params override for `dvc exp run -S` (repeatable), e.g. train.max_steps=450.")
 @click.option("--report", "report_repo", type=click.Path(path_type=Path, exists=True, file_okay=False),
               help="Only print the figures of the run in this repo (no new run).")
 def main(keep: Path | None, picture_path: Path | None, settings: tuple[str, ...], report_repo: Path | None) -> None:

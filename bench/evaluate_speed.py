@@ -10,10 +10,9 @@ from pathlib import Path
 
 import click
 import torch
-import yaml
 
 from vgrpo import models, shapes
-from vgrpo.config import config_from_dict
+from vgrpo.config import compose, config_from_dict
 from vgrpo.generation import generate
 
 
@@ -28,10 +27,8 @@ def throughput(model, processor, rows, params) -> float:
 @click.option("--samples", default=32, show_default=True)
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--max-new-tokens", default=24, show_default=True)
-@click.option("--params", "params_path", default="params.yaml", show_default=True)
-def main(samples: int, batch_size: int, max_new_tokens: int, params_path: str) -> None:
-    raw = yaml.safe_load(Path(params_path).read_text())
-    config = config_from_dict({**raw, "profile": "tiny"})
+def main(samples: int, batch_size: int, max_new_tokens: int) -> None:
+    config = config_from_dict(compose("tiny"))
     generate_params = dataclasses.replace(config.generate, train_size=1, val_size=samples, test_size=1, ood_size=1)
     with tempfile.TemporaryDirectory() as tmp:
         shapes.write_dataset(shapes.generate_samples(generate_params), generate_params, Path(tmp) / "shapes")

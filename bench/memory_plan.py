@@ -10,12 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vgrpo import memory  # noqa: E402
-from vgrpo.config import config_from_dict  # noqa: E402
+from vgrpo.config import compose, config_from_dict  # noqa: E402
 from vgrpo.models import lora_target_modules  # noqa: E402
 
 # name, GB free with the CUDA context made (total less ~1 GB), native bf16
@@ -25,12 +23,11 @@ PROFILES = ("full", "book", "gpu16")
 
 
 def main() -> None:
-    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     print("| GPU | profile | precision | train | evaluate | smoke (merged model) | fits | export's merge |")
     print("|---|---|---|---|---|---|---|---|")
     for gpu, free, bf16 in GPUS:
         for name in PROFILES:
-            config = config_from_dict({**raw, "profile": name})
+            config = config_from_dict(compose(name))
             dtype = "bfloat16" if bf16 else "float16"
             shape = memory.model_shape(memory.QWEN3_VL_8B, lora_target_modules(config.train), config.train.lora_r)
             plans = [memory.train_plan(config, shape, dtype)["total"],
@@ -44,7 +41,7 @@ def main() -> None:
             print(f"| {gpu} | {name} | {precision} | {plans[0]:g} GB | {plans[1]:g} GB | {plans[2]:g} GB | {fits} "
                   f"| {merge} |")
     for name in ("full", "gpu16"):
-        config = config_from_dict({**raw, "profile": name})
+        config = config_from_dict(compose(name))
         shape = memory.model_shape(memory.QWEN3_VL_8B, lora_target_modules(config.train), config.train.lora_r)
         parts = memory.train_plan(config, shape, "float16")
         print(f"train, profile {name}, float16: " + ", ".join(f"{part} {gb:g} GB" for part, gb in parts.items()))

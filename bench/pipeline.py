@@ -20,7 +20,8 @@ from pathlib import Path
 import click
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore", "data/.gitignore"]
+FILES = ["dvc.yaml", "params.yaml", "conf", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore",
+         "data/.gitignore"]
 
 
 def environment(repo: Path) -> dict:

@@ -23,7 +23,6 @@ Exit 1 when a case failed.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shlex
@@ -34,6 +33,9 @@ from pathlib import Path
 
 import click
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vgrpo.config import compose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SAMPLES = 8  # per split: enough to run every code path, quick on a CPU
@@ -57,39 +59,25 @@ def device_info() -> dict:
 class Check:
     def __init__(self, work: Path, model: str, revision: str, steps: int, python: str):
         self.work, self.model, self.revision, self.steps, self.python = work, model, revision, steps, python
-        self.raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+        self.default_model = yaml.safe_load((ROOT / "params.yaml").read_text())["model"]["name"]
         self.cases: list[dict] = []
         (work / "logs").mkdir(parents=True, exist_ok=True)
 
     # --- params -----------------------------------------------------------------------------------
 
     def params(self, name: str, overrides: dict[str, object]) -> Path:
-        """params.yaml with the tiny profile (the check's sizes), the model under test, and `overrides`
-        ("group.key": value) applied where the profile would otherwise override them."""
-        raw = copy.deepcopy(self.raw)
-        raw["profile"] = "tiny"
-        tiny = raw["profiles"]["tiny"]
+        """params.yaml of the tiny profile (the check's sizes) with the model under test and `overrides`
+        ("group.key": value), composed from conf/ as `dvc exp run -S profile=tiny -S ...` would."""
         settings = {"train.max_steps": self.steps, "train.save_steps": 1000, "train.eval_steps": 0,
-                    "evaluate.max_samples": {split: EVAL_SAMPLES for split in ("val", "test", "ood")},
+                    **{f"evaluate.max_samples.{split}": EVAL_SAMPLES for split in ("val", "test", "ood")},
                     "evaluate.attention_samples": 1}
         if self.model != "tiny":  # a hub model: no warm start (that is for the model built here)
-            settings.update({"model.name": self.model, "base.sft_steps": 0, "generate.warmup_size": 0})
-            raw["model"]["revision"] = self.revision
-        for key, value in {**settings, **overrides}.items():
-            group, name_ = key.split(".")
-            tiny.setdefault(group, {})[name_] = value
+            settings.update({"model.name": self.model, "model.revision": self.revision, "base.sft_steps": 0,
+                             "generate.warmup_size": 0})
+        raw = compose("tiny", [f"{key}={json.dumps(value)}" for key, value in {**settings, **overrides}.items()])
         path = self.work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         return path
-
-    def key(self, profile: str, key: str) -> str:
-        """The params key that sets `key` under `profile`: the profile's own override when it has one."""
-        overrides = (self.raw["profiles"].get(profile) or {}) if profile != "full" else {}
-        node = overrides
-        for part in key.split(".")[:-1]:
-            node = (node or {}).get(part) if isinstance(node, dict) else None
-        last = key.split(".")[-1]
-        return f"profiles.{profile}.{key}" if isinstance(node, dict) and last in node else key
 
     # --- running ----------------------------------------------------------------------------------
 
@@ -196,10 +184,10 @@ class Check:
         ok, line = self.run(case, ["git", "clone", "-q", str(ROOT), str(clone)])
         sets = {"train.max_steps": self.steps, "train.backend": "auto", "smoke.num_images": 8,
                 **{f"evaluate.max_samples.{s}": EVAL_SAMPLES for s in ("val", "test", "ood")}}
-        if profile != "tiny" and self.model != self.raw["model"]["name"]:
+        if profile != "tiny" and self.model != self.default_model:
             sets.update({"model.name": self.model, "model.revision": self.revision})
         command = ["dvc", "exp", "run", "-S", f"profile={profile}",
-                   *[arg for key, value in sets.items() for arg in ("-S", f"{self.key(profile, key)}={value}")]]
+                   *[arg for key, value in sets.items() for arg in ("-S", f"{key}={value}")]]
         if ok:
             ok, line = self.run(case, command, cwd=clone)
         if self.failed(case, "dvc", ok, line, start):

@@ -14,6 +14,7 @@ from vgrpo.cli import user_errors
 
 
 @click.command()
+@click.option("--params", "params_path", default="params.yaml", show_default=True, help="Params file (the profile).")
 @click.option("--base", "base_dir", default="models/base", show_default=True, help="Base model (source.json).")
 @click.option("--adapter", "adapter_dir", default="models/adapter", show_default=True, help="LoRA adapter (config).")
 @click.option("--gguf", "gguf_dir", default="models/gguf", show_default=True, help="GGUF files (headers).")
@@ -21,14 +22,16 @@ from vgrpo.cli import user_errors
 @click.option("--eval-metrics", default="reports/eval/metrics.json", show_default=True, help="From `evaluate`.")
 @click.option("--smoke-metrics", default="reports/smoke/metrics.json", show_default=True, help="From `smoke`.")
 @click.option("--out", "out_path", default="models/README.md", show_default=True, help="The model card.")
-def main(base_dir, adapter_dir, gguf_dir, data_dir, eval_metrics, smoke_metrics, out_path) -> None:
+def main(params_path, base_dir, adapter_dir, gguf_dir, data_dir, eval_metrics, smoke_metrics, out_path) -> None:
     """Write the model card from what the other stages measured."""
     with user_errors():
         from vgrpo.card import model_card
+        from vgrpo.config import load_config
         from vgrpo.files import write_text
 
+        profile = load_config(params_path).profile
         card = model_card(Path(base_dir), Path(adapter_dir), Path(gguf_dir), Path(data_dir), Path(eval_metrics),
-                          Path(smoke_metrics))
+                          Path(smoke_metrics), profile)
         write_text(Path(out_path), card)
         click.echo(f"card: {out_path}")
 

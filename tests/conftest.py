@@ -15,7 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 # What a pipeline needs to run: copied (not linked) so tests can edit freely.
-PIPELINE_FILES = ["dvc.yaml", "params.yaml", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore",
+PIPELINE_FILES = ["dvc.yaml", "params.yaml", "conf", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore",
                   "data/.gitignore"]
 
 # No hub here: a test that needs one starts tests/hub_server.py and points HF_ENDPOINT at it.
@@ -29,7 +29,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def load_params() -> dict:
+    """params.yaml as committed: profile full, composed from conf/."""
     return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+_COMPOSED: dict[str, dict] = {}
+
+
+def profile_params(profile: str) -> dict:
+    """params.yaml as `dvc exp run -S profile=<profile>` writes it (composed once per test session)."""
+    from vgrpo.config import compose
+
+    if profile not in _COMPOSED:
+        _COMPOSED[profile] = compose(profile)
+    return copy.deepcopy(_COMPOSED[profile])
 
 
 @pytest.fixture
@@ -44,11 +57,10 @@ def write_params(path: Path, raw: dict) -> Path:
 
 
 def tiny_params(**overrides) -> dict:
-    """params.yaml with the tiny profile selected, plus `group: {key: value}` overrides."""
-    raw = load_params()
-    raw["profile"] = "tiny"
+    """params.yaml of the tiny profile, plus `group: {key: value}` overrides."""
+    raw = profile_params("tiny")
     for group, values in overrides.items():
-        raw["profiles"]["tiny"].setdefault(group, {}).update(values)
+        raw[group].update(values)
     return raw
 
 

@@ -50,10 +50,9 @@ def first_token_reward(completions, completion_ids, **kwargs) -> list[float]:
 
 
 def main(out: str, per_device_batch: int, data_dir: str, base_dir: str) -> None:
-    import yaml
+    from vgrpo.config import compose
 
-    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
-    config = config_from_dict({**raw, "profile": "tiny"})
+    config = config_from_dict(compose("tiny"))
     train = dataclasses.replace(config.train, num_generations=GROUP, per_device_train_batch_size=per_device_batch,
                                 max_steps=STEPS, save_steps=1000, learning_rate=1e-3, beta=0.0, warmup_ratio=0.0,
                                 lr_scheduler_type="constant", max_completion_length=6, loss_type="grpo")

@@ -27,8 +27,8 @@ def hub_params(tmp_path: Path, name: str = REPO, revision: str = "main") -> Path
 
 def hub_raw(name: str = REPO, revision: str = "main", **groups) -> dict:
     raw = tiny_params(**groups)
-    raw["profiles"]["tiny"]["model"]["name"] = name
-    raw["profiles"]["tiny"]["base"]["sft_steps"] = 0
+    raw["model"]["name"] = name
+    raw["base"]["sft_steps"] = 0
     raw["model"]["revision"] = revision
     return raw
 

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import copy_repo, load_params, run, stage
+from conftest import copy_repo, profile_params, run, stage
 
 from vgrpo import card
 
@@ -38,7 +38,7 @@ def test_card_states_what_evaluate_and_smoke_measured(tiny_pipeline):
     assert "Evaluation (transformers, greedy," in text  # evaluate decoded greedily
     assert "Trained on red triangles, blue circles, green squares on white 256x256 images only" in text
     assert "1..5 of the asked shape and 1..5 of each other shape, 6..8 of the asked shape in `ood`" in text
-    steps = load_params()["profiles"]["tiny"]["base"]["sft_steps"]
+    steps = profile_params("tiny")["base"]["sft_steps"]
     assert f"warm-started by {steps} supervised steps" in text
     assert "## What GRPO did" not in text  # the tiny warm start has one answer style
 

@@ -1,15 +1,18 @@
-"""params.yaml is validated once, with one line that names the key; profiles merge key by key."""
+"""params.yaml is validated once, with one line that names the key; it is conf/ composed by Hydra (as
+`dvc exp run` writes it), and every profile composes to valid params."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
 from conftest import ROOT, load_params, stage, write_params
 
-from vgrpo.config import QUANTIZATIONS, ConfigError, config_from_dict, load_config
+from vgrpo.config import QUANTIZATIONS, ConfigError, compose, config_from_dict, load_config
 
 
 def set_key(raw: dict, dotted: str, value) -> dict:
@@ -49,14 +52,12 @@ BAD_INPUTS = [
      "params.yaml: train.backend: expected one of auto, unsloth, hf, got 'jax'"),
     ("number above maximum", lambda r: set_key(r, "train.lora_dropout", 1.5),
      "params.yaml: train.lora_dropout: expected a number >= 0 and <= 1, got 1.5"),
-    ("unknown profile", lambda r: set_key(r, "profile", "huge"),
-     "params.yaml: profile: unknown profile 'huge' (expected one of full, tiny, cpu, gpu16, book)"),
-    ("unknown group in a profile", lambda r: set_key(r, "profiles.tiny.trainer", {"seed": 1}),
-     "params.yaml: profiles.tiny.trainer: unknown group"),
-    ("unknown key in a profile", lambda r: set_key(r, "profiles.tiny.train.lr", 0.1),
-     "params.yaml: profiles.tiny.train.lr: unknown key"),
-    ("bad value in an unselected profile", lambda r: set_key(r, "profiles.book.train.beta", -1),
-     "params.yaml: profiles.book.train.beta: expected a number >= 0, got -1"),
+    ("no profile name", lambda r: del_key(r, "profile"),
+     "params.yaml: profile: expected the name of the profile composed (dvc exp run -S profile=...), got None"),
+    ("a group params.yaml does not have", lambda r: set_key(r, "trainer", {"seed": 1}),
+     "params.yaml: trainer: unknown key (expected one of profile, model, generate, base, train, evaluate"),
+    ("every reward off", lambda r: set_key(r, "train.rewards", {"correctness_tags": 0.0}),
+     "params.yaml: train.rewards: every weight is 0"),
     ("bad list element", lambda r: set_key(r, "evaluate.splits", ["val", "holdout"]),
      "params.yaml: evaluate.splits[1]: expected one of train, val, test, ood, got 'holdout'"),
     ("group that is not a mapping", lambda r: set_key(r, "smoke", [1, 2]),
@@ -99,31 +100,52 @@ def test_bad_params_name_the_key(what, edit, message):
     assert text.startswith(message), text
 
 
-def test_the_repo_params_and_every_profile_are_valid():
-    raw = load_params()
-    for profile in ["full", *raw["profiles"]]:
-        config = config_from_dict({**raw, "profile": profile})
+def test_every_profile_composes_to_valid_params():
+    from vgrpo.config import profiles
+
+    assert profiles() == ["book", "cpu", "full", "gpu16", "tiny"]
+    for profile in profiles():
+        config = config_from_dict(compose(profile))
         assert config.profile == profile
-    full = config_from_dict(raw)
+    full = config_from_dict(load_params())
     assert full.model.name == "Qwen/Qwen3-VL-8B-Instruct"
     assert (full.generate.train_size, full.generate.val_size, full.generate.test_size, full.generate.ood_size) >= (
         500, 100, 100, 100)
 
 
-def test_profile_overrides_key_by_key():
-    raw = load_params()
-    tiny = config_from_dict({**raw, "profile": "tiny"})
-    assert tiny.model.name == "tiny"
-    assert tiny.train.max_steps == raw["profiles"]["tiny"]["train"]["max_steps"]
-    assert tiny.train.lora_r == raw["train"]["lora_r"]  # not overridden: the base value
-    assert tiny.generate.colours.circles == "blue"
+def test_the_committed_params_are_conf_composed_with_the_default_profile():
+    """params.yaml in git is what `dvc exp run` would write from conf/ (so its first run changes nothing)."""
+    from dvc.utils.hydra import compose_and_dump
+
+    assert compose("full") == load_params()
+    with tempfile.TemporaryDirectory() as tmp:
+        compose_and_dump(Path(tmp) / "params.yaml", str(ROOT / "conf"), None, "config", "", [])
+        assert (Path(tmp) / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()  # byte for byte
 
 
-def test_profile_replaces_reward_table_whole():
-    raw = load_params()
-    raw["profiles"]["tiny"]["train"]["rewards"] = {"correctness_free": 2.0}
-    tiny = config_from_dict({**raw, "profile": "tiny"})
-    assert tiny.train.rewards == {"correctness_free": 2.0}
+def test_a_profile_sets_keys_and_the_rest_stays():
+    tiny, full = compose("tiny"), load_params()
+    assert tiny["model"]["name"] == "tiny" and tiny["train"]["max_steps"] == 6
+    assert tiny["train"]["lora_r"] == full["train"]["lora_r"]  # not set by the profile: the default
+    assert tiny["generate"]["colours"] == full["generate"]["colours"]
+    assert compose("tiny", ["train.max_steps=2"])["train"]["max_steps"] == 2  # -S after the profile wins
+
+
+def test_a_profile_turns_rewards_off_by_weight():
+    """Composition merges the reward table key by key: the book profile turns the tag rewards off with 0."""
+    from vgrpo.rewards import reward_functions
+
+    book = config_from_dict(compose("book"))
+    funcs, weights = reward_functions(book.train.rewards)
+    assert [f.__name__ for f in funcs] == ["correctness_free", "description", "reasoning"] and weights == [1.0] * 3
+
+
+def test_an_unknown_profile_or_override_is_one_line():
+    with pytest.raises(ConfigError, match=r"^profile: unknown profile 'huge' \(expected one of book, cpu, full, gpu16, "
+                                          r"tiny: "):
+        compose("huge")
+    with pytest.raises(ConfigError, match=r"cannot compose profile tiny with \['train.no_such_key=1'\]: "):
+        compose("tiny", ["train.no_such_key=1"])
 
 
 def test_not_yaml_and_missing_file(tmp_path):
@@ -162,4 +184,4 @@ def test_validation_imports_nothing_heavy():
 def test_params_file_has_one_group_per_stage():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert raw["profile"] == "full"
-    assert {"model", "generate", "train", "evaluate", "export", "smoke", "profiles"} <= set(raw)
+    assert set(raw) == {"profile", "model", "generate", "base", "train", "evaluate", "export", "smoke"}

@@ -8,29 +8,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, load_params, make_pipeline_repo, run, write_params
+from conftest import ROOT, load_params, make_pipeline_repo, profile_params, run, write_params
 
-# The params each stage reads (besides `profile`): whole groups, or single keys of another stage's group.
-STAGE_GROUPS = {"generate": ["generate"], "base": ["model", "base"], "train": ["model", "train"],
+# The params each stage reads: whole groups, or single keys of another stage's group. params.yaml holds the
+# values the stages use (conf/ composed by `dvc exp run`), so these names are all DVC needs to track.
+STAGE_PARAMS = {"generate": ["generate"], "base": ["model", "base"], "train": ["model", "train"],
                 "evaluate": ["model", "evaluate", "train.load_in_4bit"], "export": ["model", "export"],
-                "smoke": ["model", "smoke", "train.load_in_4bit"], "card": []}
-
-
-def overridden(overrides: dict, key: str) -> bool:
-    """Does a profile's overrides set this group (or this group.key)?"""
-    group, _, name = key.partition(".")
-    return group in overrides and (not name or name in (overrides[group] or {}))
+                "smoke": ["model", "smoke", "train.load_in_4bit"], "card": ["profile"]}
 
 
 def test_each_stage_tracks_exactly_the_params_it_reads():
     pipeline = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    raw = load_params()
-    assert list(pipeline) == list(STAGE_GROUPS)
-    for name, groups in STAGE_GROUPS.items():
-        expected = {"profile", *groups}
-        expected |= {f"profiles.{p}.{g}" for p, overrides in raw["profiles"].items() for g in groups
-                     if overridden(overrides or {}, g)}
-        assert set(pipeline[name].get("params", [])) == (expected if groups else set()), name
+    assert list(pipeline) == list(STAGE_PARAMS)
+    for name, params in STAGE_PARAMS.items():
+        assert set(pipeline[name].get("params", [])) == set(params), name
         assert f"stages/{name}.py" in pipeline[name]["deps"]
         assert pipeline[name]["cmd"].startswith(f"python stages/{name}.py")
 
@@ -98,7 +89,24 @@ def test_exp_run_tiny_profile_builds_the_dataset(repo):
     result = run(["dvc", "exp", "run", "-S", "profile=tiny", "generate"], repo)
     assert "Running stage 'generate'" in result.stdout
     stats = json.loads((repo / "data/shapes/stats.json").read_text())
-    tiny = load_params()["profiles"]["tiny"]["generate"]
+    tiny = profile_params("tiny")["generate"]
     assert stats["splits"]["train"]["size"] == tiny["train_size"]
     assert "tiny" in run(["dvc", "exp", "show", "--no-pager", "--md"], repo).stdout
 
+
+
+def test_a_change_a_profile_overrides_reruns_nothing(repo):
+    """Hydra composition: with profile tiny, a default that tiny overrides (generate.train_size) is not a
+    value the stages use, so changing it in conf/ reruns nothing and params.yaml stays the same; a value
+    that is used (generate.seed, -S after the profile) reruns the stage."""
+    run(["dvc", "exp", "run", "-S", "profile=tiny", "generate"], repo)
+    composed = (repo / "params.yaml").read_text()
+    config = repo / "conf" / "config.yaml"
+    config.write_text(config.read_text().replace("  train_size: 600\n", "  train_size: 601\n", 1))
+    run(["git", "commit", "-qam", "a default the tiny profile overrides"], repo)
+    again = run(["dvc", "exp", "run", "-S", "profile=tiny", "generate"], repo).stdout
+    assert "Running stage 'generate'" not in again, again
+    assert (repo / "params.yaml").read_text() == composed
+    seeded = run(["dvc", "exp", "run", "-S", "profile=tiny", "-S", "generate.seed=7", "generate"], repo).stdout
+    assert "Running stage 'generate'" in seeded
+    assert yaml.safe_load((repo / "params.yaml").read_text())["generate"]["seed"] == 7

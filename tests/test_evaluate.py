@@ -247,7 +247,7 @@ def test_dvc_metrics_show(tiny_pipeline):
 def test_changing_an_evaluate_param_reruns_evaluate_only(tiny_pipeline, tmp_path):
     repo = copy_repo(tiny_pipeline, tmp_path / "repo")
     assert "Running stage" not in run(["dvc", "repro"], repo).stdout  # all up to date
-    result = run(["dvc", "exp", "run", "-S", "profiles.tiny.evaluate.batch_size=4"], repo)
+    result = run(["dvc", "exp", "run", "-S", "profile=tiny", "-S", "evaluate.batch_size=4"], repo)
     assert "Running stage 'evaluate'" in result.stdout
     assert "Running stage 'generate'" not in result.stdout and "Running stage 'train'" not in result.stdout
 
@@ -306,7 +306,7 @@ def test_split_missing_from_the_dataset_lists_the_real_ones(tmp_path, tiny_datas
 ])
 def test_bad_evaluate_params(changes, message, tmp_path, tiny_dataset, tiny_base):
     line = evaluate_stage(tmp_path, tiny_params(evaluate=changes), tiny_dataset, fake_adapter(tmp_path), tiny_base)
-    assert line == f"error: params.yaml: profiles.tiny.{message}"
+    assert line == f"error: params.yaml: {message}"
 
 
 def test_a_warm_start_with_a_brief_style_is_also_evaluated_made_to_describe(tiny_dataset, tiny_base, tmp_path):

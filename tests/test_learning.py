@@ -19,7 +19,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import load_params, lora_model, stage, tiny_config, write_params
+from conftest import lora_model, profile_params, stage, tiny_config, write_params
 
 from vgrpo.config import config_from_dict
 from vgrpo.evaluation import score
@@ -36,9 +36,7 @@ SAMPLES = 4  # answers per image there: 160 per model, with the same seed for bo
 
 
 def cpu_params() -> dict:
-    raw = load_params()
-    raw["profile"] = "cpu"
-    return raw
+    return profile_params("cpu")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import ROOT, lora_model, stage, tiny_adapter, tiny_config, tiny_params, write_params
+from conftest import ROOT, lora_model, profile_params, stage, tiny_adapter, tiny_config, tiny_params, write_params
 from safetensors.torch import load_file, save_file
 
 from vgrpo import memory, models
@@ -22,7 +22,7 @@ T4_FREE = 15.0e9  # a T4 holds 15,360 MiB (16.1 GB); with the CUDA context made,
 
 
 def profile(name: str):
-    return config_from_dict({**tiny_params(), "profile": name})
+    return config_from_dict(profile_params(name))
 
 
 def shape_8b(config):

@@ -6,7 +6,7 @@ import json
 import re
 
 import yaml
-from conftest import copy_repo, load_params, run
+from conftest import copy_repo, profile_params, run
 
 
 def declared(repo, kind: str) -> list[str]:
@@ -57,7 +57,7 @@ def test_the_tiny_run_trains_a_model_that_differs_from_its_base(tiny_pipeline):
 def test_grpo_logs_held_out_accuracy_along_training(tiny_pipeline):
     """`train.eval_steps`: greedy val accuracy before the first step and every N steps, as a curve
     beside the rewards and in the train metrics."""
-    train_params = load_params()["profiles"]["tiny"]["train"]
+    train_params = profile_params("tiny")["train"]
     every, steps = train_params["eval_steps"], train_params["max_steps"]
     rows = (tiny_pipeline / "reports/train/plots/metrics/eval/accuracy.tsv").read_text().splitlines()
     curve = {int(step): float(value) for step, value in (row.split("\t") for row in rows[1:])}
@@ -77,20 +77,36 @@ def test_exp_show_lists_the_run(tiny_pipeline):
     experiments = [exp for commit in shown for exp in (commit.get("experiments") or [])]
     assert experiments, shown
     params = [rev["data"]["params"]["params.yaml"]["data"] for exp in experiments for rev in exp["revs"]]
-    assert any(p.get("profile") == "tiny" for p in params)
+    tiny = [p for p in params if p.get("profile") == "tiny"]
+    assert tiny, params
+    # the values the run used (composed from conf/), not the defaults the profile overrode
+    assert tiny[0]["train"]["max_steps"] == 6 and tiny[0]["model"]["name"] == "tiny"
+    assert tiny[0]["train"]["learning_rate"] == profile_params("tiny")["train"]["learning_rate"] != 5e-6
     table = run(["dvc", "exp", "show", "--md"], tiny_pipeline).stdout
     assert any("└──" in row and "| tiny " in row for row in table.splitlines())  # the experiment, profile tiny
 
 
 def test_resumed_run_under_dvc_continues_the_curves(tiny_pipeline, tmp_path):
-    """`dvc exp run -S train.resume=true` keeps the curves (declared persist) and appends to them. Run up to
-    `train` only: the stages after it rerun as in any run, and other tests cover them."""
+    """`dvc exp run -S profile=tiny -S train.resume=true` keeps the curves (declared persist) and appends to
+    them. Run up to `train` only: the stages after it rerun as in any run, and other tests cover them."""
     repo = copy_repo(tiny_pipeline, tmp_path / "repo")
     steps = json.loads((repo / "reports/train/metrics.json").read_text())["steps"]
-    result = run(["dvc", "exp", "run", "-S", "train.resume=true", "-S", f"profiles.tiny.train.max_steps={steps + 2}",
-                  "train"], repo)
+    result = run(["dvc", "exp", "run", "-S", "profile=tiny", "-S", "train.resume=true", "-S",
+                  f"train.max_steps={steps + 2}", "train"], repo)
     assert "Running stage 'train'" in result.stdout and "Running stage 'base'" not in result.stdout
     metrics = json.loads((repo / "reports/train/metrics.json").read_text())
     assert (metrics["steps"], metrics["resumed_from"]) == (steps + 2, f"checkpoint-{steps}")
     rows = (repo / "reports/train/plots/metrics/train/reward.tsv").read_text().splitlines()[1:]
     assert [r.split("\t")[0] for r in rows] == [str(i) for i in range(1, steps + 3)]
+
+
+def test_editing_a_default_the_profile_overrides_reruns_nothing(tiny_pipeline, tmp_path):
+    """The case that used to rerun train and all after it: with profile tiny, conf/'s train.learning_rate
+    (which tiny overrides) changes; `dvc exp run -S profile=tiny` composes the same params.yaml, and no
+    stage runs."""
+    repo = copy_repo(tiny_pipeline, tmp_path / "repo")
+    config = repo / "conf" / "config.yaml"
+    config.write_text(config.read_text().replace("  learning_rate: 5.0e-6\n", "  learning_rate: 7.0e-6\n", 1))
+    run(["git", "commit", "-qam", "a default the tiny profile overrides"], repo)
+    result = run(["dvc", "exp", "run", "-S", "profile=tiny"], repo)
+    assert "Running stage" not in result.stdout, result.stdout

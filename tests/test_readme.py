@@ -15,7 +15,7 @@ RUN_BY = {
     ".venv/bin/python -m pytest -q": ".ci/run",
     "dvc exp run -S profile=tiny": "bench/pipeline.py",  # run by the tiny_pipeline fixture (tests/conftest.py)
     "dvc repro generate": "tests/test_dvc_pipeline.py",
-    "dvc exp run -S profiles.tiny.evaluate.batch_size=4": "tests/test_evaluate.py",
+    "dvc exp run -S profile=tiny -S evaluate.batch_size=4": "tests/test_evaluate.py",
     "dvc exp show": "tests/test_pipeline_e2e.py",
     "dvc metrics show": "tests/test_evaluate.py",
     "dvc plots show": "tests/test_evaluate.py",
@@ -74,7 +74,7 @@ def test_every_readme_command_is_run_by_a_test_or_ci():
     assert len(commands) >= 15
     for command in commands:
         if command.startswith(NOT_RUNNABLE_HERE):
-            assert "was not built here" in README
+            assert "has not been built" in README
             continue
         assert command in RUN_BY, f"README command {command!r} is not run by any test: add one, then list it here"
         assert runs(command, (ROOT / RUN_BY[command]).read_text()), (command, RUN_BY[command])

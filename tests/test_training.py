@@ -13,7 +13,7 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_params, lora_model, stage, tiny_config, tiny_params, write_params
+from conftest import ROOT, load_params, lora_model, profile_params, stage, tiny_config, tiny_params, write_params
 
 from vgrpo import backends, models
 from vgrpo.base import base_model_path
@@ -25,7 +25,7 @@ from vgrpo.config import ConfigError, config_from_dict
 def test_grpo_config_carries_every_recipe_knob(profile, tmp_path):
     from vgrpo.training import grpo_config
 
-    train = config_from_dict({**load_params(), "profile": profile}).train
+    train = config_from_dict(profile_params(profile)).train
     args = grpo_config(train, tmp_path, "float32", cuda=False)
     same_name = ["learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "lr_scheduler_type",
                  "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
@@ -61,7 +61,7 @@ def test_recipes_from_the_seeds():
         1024, 1024, 0.5, 60)
     assert (full.max_grad_norm, full.loss_type, full.importance_sampling_level) == (0.1, "dr_grpo", "sequence")
     assert (full.lora_r, full.lora_alpha, full.lora_dropout, full.vision_lr_scale) == (16, 16, 0.0, 0.1)
-    book = config_from_dict({**raw, "profile": "book"}).train
+    book = config_from_dict(profile_params("book")).train
     assert (book.learning_rate, book.num_generations, book.temperature, book.max_completion_length, book.beta) == (
         1e-6, 4, 0.8, 128, 0.05)
 
@@ -70,15 +70,17 @@ def test_book_profile_is_the_books_recipe(tmp_path):
     """The book: +1.0 right last number, +0.5 names the asked shape, +0.2 reasoning phrase (no tag
     penalty), 8 prompts x 4 completions per step, lr 1e-6, temperature 0.8, 128 new tokens, KL 0.05,
     grad clip 1.0, std-normalised group advantages, 3 epochs."""
-    from vgrpo.rewards import REWARDS
+    from vgrpo.rewards import reward_functions
     from vgrpo.training import grpo_config
 
-    book = config_from_dict({**load_params(), "profile": "book"})
+    book = config_from_dict(profile_params("book"))
     train = book.train
-    assert train.rewards == {"correctness_free": 1.0, "description": 1.0, "reasoning": 1.0}
+    assert {name: weight for name, weight in train.rewards.items() if weight} == {  # the tag rewards are off
+        "correctness_free": 1.0, "description": 1.0, "reasoning": 1.0}
     answer = {"answer": ["3"], "target_shape": ["circles"], "target_colour": ["blue"]}
     best = "I see blue circles, so the count is 3"
-    assert [REWARDS[name]([best], **answer)[0] * weight for name, weight in train.rewards.items()] == [1.0, 0.5, 0.2]
+    funcs, weights = reward_functions(train.rewards)  # what GRPO gets: the tag rewards' weight 0 turns them off
+    assert [f([best], **answer)[0] * weight for f, weight in zip(funcs, weights, strict=True)] == [1.0, 0.5, 0.2]
     args = grpo_config(train, tmp_path, "bfloat16", cuda=False)
     prompts_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations
     assert (prompts_per_step, args.num_generations, args.generation_batch_size) == (8, 4, 32)
@@ -378,7 +380,7 @@ def test_missing_base_says_which_stage_makes_it(tiny_dataset, tmp_path):
 
 
 def test_warmup_ratio_must_be_a_ratio():
-    with pytest.raises(ConfigError, match=r"^params.yaml: profiles.tiny.train.warmup_ratio: expected a number >= 0 and "
+    with pytest.raises(ConfigError, match=r"^params.yaml: train.warmup_ratio: expected a number >= 0 and "
                                           r"< 1, got 1.0$"):
         config_from_dict(tiny_params(train={"warmup_ratio": 1.0}))
 
@@ -467,7 +469,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tiny_dataset, tiny_base, tm
     done = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "ckpt").glob("checkpoint-*"))
     assert done and max(done) < 6
 
-    raw["profiles"]["tiny"]["train"]["resume"] = True
+    raw["train"]["resume"] = True
     write_params(params, raw)
     nothing = stage("train", "--params", str(params), *train_args(tmp_path / "elsewhere", tiny_dataset, tiny_base))
     assert nothing.returncode == 0, nothing.stderr[-3000:]

@@ -136,7 +136,7 @@ def card_metadata(source: dict, evaluation: dict, model_name: str, tiny: bool):
 
 
 def model_card(base_dir: Path, adapter_dir: Path, gguf_dir: Path, data_dir: Path, eval_metrics: Path,
-               smoke_metrics: Path) -> str:
+               smoke_metrics: Path, profile: str = "full") -> str:
     """README.md for models/: what the model is, how it was made, what was measured, how to run it."""
     evaluation, smoke = read_metrics(eval_metrics, "evaluate"), read_metrics(smoke_metrics, "smoke")
     source = base.read_source(base_dir)
@@ -179,6 +179,7 @@ reasoning and a count. Exported for llama.cpp as a text model plus a separate vi
 which llama.cpp loads together (`gguf/`); the merged transformers model is `merged/`, the LoRA adapter
 alone `adapter/`.
 
+- Made by the vgrpo pipeline, profile `{profile}` (`dvc exp run -S profile={profile}`).
 - Base model: {origin}.
 - Training: GRPO with a LoRA adapter (r={lora.get('r')}, alpha={lora.get('lora_alpha')}, on the
   {towers or 'model'} layers), merged into the base.

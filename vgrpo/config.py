@@ -1,8 +1,9 @@
 """Typed, validated params: `params.yaml` -> `Config`, checked once, before any heavy import.
 
-`params.yaml` has one group per stage plus `model` and `profile`. The `profiles` table holds
-named sets of overrides (`profiles.tiny.train.max_steps: 8`); `profile` picks one, and `full`
-means none. Every knob must be present in `params.yaml`: it is the only place knobs live.
+`params.yaml` has one group per stage plus `model` and `profile`: the values the stages use, which is
+what DVC tracks. `dvc exp run` writes it by Hydra composition of `conf/config.yaml` and the profile
+chosen (`conf/profile/<name>.yaml`, `-S profile=tiny`); `compose` does the same for tests, benchmarks
+and scripts/gpu_check.py. Every knob must be present: conf/ is the only place knobs live.
 
 Any problem raises `ConfigError` with one line that names the key, e.g.
 `params.yaml: generate.val_size: expected an integer >= 1, got -3`.
@@ -238,8 +239,11 @@ _GROUP_CLASSES = {
 }  # fmt: skip
 
 
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
 def load_config(path: str | Path = "params.yaml") -> Config:
-    """Read, merge the selected profile into, and validate params.yaml."""
+    """Read and validate params.yaml."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
@@ -253,45 +257,47 @@ def load_config(path: str | Path = "params.yaml") -> Config:
 def config_from_dict(raw: Any, source: str = "params.yaml") -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {_show(raw)}")
-    unknown = set(raw) - set(_GROUP_CLASSES) - {"profile", "profiles"}
+    unknown = set(raw) - set(_GROUP_CLASSES) - {"profile"}
     if unknown:
         raise ConfigError(f"{source}: {sorted(unknown)[0]}: unknown key (expected one of "
-                          f"{', '.join(['profile', *_GROUP_CLASSES, 'profiles'])})")
-    profiles = raw.get("profiles") or {}
-    if not isinstance(profiles, dict):
-        raise ConfigError(f"{source}: profiles: expected a mapping of profile name -> overrides")
-    for name, overrides in profiles.items():  # every profile is checked, not only the selected one
-        _check_overrides(overrides, f"profiles.{name}", source)
-
-    profile = raw.get("profile", "full")
-    if profile != "full" and profile not in profiles:
-        raise ConfigError(f"{source}: profile: unknown profile {profile!r} (expected one of "
-                          f"{', '.join(['full', *profiles])})")
-    merged = {group: raw.get(group) for group in _GROUP_CLASSES}
-    for group, overrides in ((profiles.get(profile) or {}) if profile != "full" else {}).items():
-        merged[group] = _merge(_GROUP_CLASSES[group], merged[group] or {}, overrides or {})
-
-    groups = {group: _build(cls, merged[group], group, source) for group, cls in _GROUP_CLASSES.items()}
+                          f"{', '.join(['profile', *_GROUP_CLASSES])})")
+    profile = raw.get("profile")
+    if not isinstance(profile, str) or not profile:
+        raise ConfigError(f"{source}: profile: expected the name of the profile composed (dvc exp run -S "
+                          f"profile=...), got {_show(profile)}")
+    groups = {group: _build(cls, raw.get(group), group, source) for group, cls in _GROUP_CLASSES.items()}
     config = Config(profile=profile, **groups)
     _check_relations(config, source)
     return config
 
 
-def _check_overrides(overrides: Any, path: str, source: str) -> None:
-    """Overrides may set any known key, with a value of the right type."""
-    if overrides is None:
-        return
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"{source}: {path}: expected a mapping of group -> overrides, got {_show(overrides)}")
-    for group, values in overrides.items():
-        if group not in _GROUP_CLASSES:
-            raise ConfigError(f"{source}: {path}.{group}: unknown group (expected one of "
-                              f"{', '.join(_GROUP_CLASSES)})")
-        _build(_GROUP_CLASSES[group], values, f"{path}.{group}", source, partial=True)
+def profiles(conf_dir: Path = CONF_DIR) -> list[str]:
+    return sorted(path.stem for path in (conf_dir / "profile").glob("*.yaml"))
 
 
-def _build(cls: type, data: Any, path: str, source: str, partial: bool = False):
-    if data is None and not partial:
+def compose(profile: str = "full", overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CONF_DIR) -> dict:
+    """params.yaml as `dvc exp run -S profile=<profile> -S <override> ...` writes it: conf/ composed by
+    Hydra through DVC's own function (dvc.utils.hydra.compose_and_dump). Overrides are Hydra's
+    (`train.max_steps=2`), applied after the profile."""
+    import tempfile
+
+    from dvc.utils.hydra import compose_and_dump
+
+    if profile not in profiles(conf_dir):
+        raise ConfigError(f"profile: unknown profile {profile!r} (expected one of {', '.join(profiles(conf_dir))}: "
+                          f"{conf_dir / 'profile'})")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "params.yaml"
+        try:
+            compose_and_dump(out, str(conf_dir), None, "config", "", [f"profile={profile}", *overrides])
+        except Exception as err:  # noqa: BLE001 - Hydra's errors (a bad override) become one line
+            raise ConfigError(f"{conf_dir}: cannot compose profile {profile} with {list(overrides)}: "
+                              f"{' '.join(str(err).split())}") from None
+        return yaml.safe_load(out.read_text())
+
+
+def _build(cls: type, data: Any, path: str, source: str):
+    if data is None:
         raise ConfigError(f"{source}: {path}: missing group")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: {path}: expected a mapping, got {_show(data)}")
@@ -303,20 +309,18 @@ def _build(cls: type, data: Any, path: str, source: str, partial: bool = False):
     values = {}
     for name, f in fields.items():
         if name not in data:
-            if partial:
-                continue
             raise ConfigError(f"{source}: {path}.{name}: missing key")
-        values[name] = _check_value(data[name], hints[name], f.metadata, f"{path}.{name}", source, partial)
-    return values if partial else cls(**values)
+        values[name] = _check_value(data[name], hints[name], f.metadata, f"{path}.{name}", source)
+    return cls(**values)
 
 
-def _check_value(value: Any, hint: Any, bounds: Any, path: str, source: str, partial: bool) -> Any:
+def _check_value(value: Any, hint: Any, bounds: Any, path: str, source: str) -> Any:
     def fail(expected: str):
         raise ConfigError(f"{source}: {path}: expected {expected}, got {_show(value)}")
 
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, path, source, partial)
+        return _build(hint, value, path, source)
     if origin is Literal:
         if value not in args:
             fail("one of " + ", ".join(str(a) for a in args))
@@ -327,19 +331,19 @@ def _check_value(value: Any, hint: Any, bounds: Any, path: str, source: str, par
         expected = []
         for arm in (a for a in args if a is not type(None)):
             try:
-                return _check_value(value, arm, bounds, path, source, partial)
+                return _check_value(value, arm, bounds, path, source)
             except ConfigError as err:
                 expected.append(str(err).split(": expected ", 1)[1].rsplit(", got ", 1)[0])
         fail(" or ".join(expected))
     if origin is list:
         if not isinstance(value, list):
             fail("a list")
-        return [_check_value(v, args[0], {}, f"{path}[{i}]", source, partial) for i, v in enumerate(value)]
+        return [_check_value(v, args[0], {}, f"{path}[{i}]", source) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict) or not value:
             fail("a non-empty mapping of name -> number")
         bounds = bounds if bounds and any(v is not None for v in bounds.values()) else {"ge": 0}
-        return {str(k): _check_value(v, args[1], bounds, f"{path}.{k}", source, partial) for k, v in value.items()}
+        return {str(k): _check_value(v, args[1], bounds, f"{path}.{k}", source) for k, v in value.items()}
     if hint is bool:
         if not isinstance(value, bool):
             fail("true or false")
@@ -457,17 +461,6 @@ def _check_relations(config: Config, source: str) -> None:
         if q not in QUANTIZATIONS:
             fail("export.quantizations", f"unknown quantization {q!r} (expected one of "
                  f"{', '.join(QUANTIZATIONS)})")
-
-
-def _merge(cls: type, base: dict, overrides: dict) -> dict:
-    """Overrides replace values key by key; nested groups (generate.colours) merge, maps (train.rewards)
-    are replaced whole so a profile can drop a reward."""
-    out = dict(base)
-    hints = typing.get_type_hints(cls)
-    for key, value in overrides.items():
-        nested = dataclasses.is_dataclass(hints.get(key)) and isinstance(out.get(key), dict)
-        out[key] = _merge(hints[key], out[key], value) if nested else value
-    return out
 
 
 def _show(value: Any) -> str:
