@@ -7,8 +7,9 @@ named. A float result differs between CPU kinds (rounding in their kernels), and
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --report             # the table from what is there
 
 Each seed runs in its own clone (bench/pipeline.py's), `dvc exp run -S profile=cpu -S base.seed=S
--S train.seed=S evaluate` (generate, base, train, evaluate: the accuracy figures; export and smoke add
-nothing to them), then `bench/sft_control.py --repo <clone>` for GRPO's wall time. The clones share one
+-S train.seed=S -S evaluate.splits=[test] evaluate` (generate, base, train, evaluate on the test split:
+the figures reported; export and smoke add nothing to them), then `bench/sft_control.py --repo <clone>`
+for GRPO's wall time. `--set KEY=VALUE` (repeatable) runs a variant of the recipe. The clones share one
 DVC cache, so `generate` runs once. A seed already done is not run again.
 """
 
@@ -37,7 +38,7 @@ def cpu_name() -> str:
     return f"{name} ({', '.join(extras) or 'no AVX2'}, {cores} cores)"
 
 
-def run_seed(work: Path, seed: int) -> None:
+def run_seed(work: Path, seed: int, settings: tuple[str, ...] = ()) -> None:
     folder = work / f"seed-{seed}"
     if (folder / "done").exists():
         click.echo(f"seed {seed}: done before, kept")
@@ -47,8 +48,8 @@ def run_seed(work: Path, seed: int) -> None:
         make_clone(repo)
         sh(["dvc", "cache", "dir", "--local", str(work / "dvc-cache")], repo)
     click.echo(f"seed {seed}: dvc exp run (warm start, GRPO, evaluate) in {repo}", err=True)
-    sh(["dvc", "exp", "run", "-S", "profile=cpu", "-S", f"base.seed={seed}", "-S", f"train.seed={seed}", "evaluate"],
-       repo)
+    overrides = ["profile=cpu", f"base.seed={seed}", f"train.seed={seed}", "evaluate.splits=[test]", *settings]
+    sh(["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"], repo)
     click.echo(f"seed {seed}: the SFT control", err=True)
     result = subprocess.run([sys.executable, str(BENCH / "sft_control.py"), "--repo", str(repo), "--out",
                              str(folder / "sft_control.json")], env=environment(repo), capture_output=True, text=True)
@@ -111,11 +112,13 @@ def report(work: Path) -> None:
 @click.option("--work", type=click.Path(path_type=Path), required=True, help="Where the clones and figures go.")
 @click.argument("seeds", type=int, nargs=-1)
 @click.option("--report", "report_only", is_flag=True, help="Only print the table from the seeds done.")
-def main(work: Path, seeds: tuple[int, ...], report_only: bool) -> None:
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="A params override after the profile (repeatable), e.g. train.max_steps=20: a variant.")
+def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     if not report_only:
         for seed in seeds:
-            run_seed(work, seed)
+            run_seed(work, seed, settings)
     report(work)
 
 

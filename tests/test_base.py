@@ -60,6 +60,7 @@ def tiny_files(tiny_model_dir, tmp_path_factory) -> Path:
     return files
 
 
+@pytest.mark.slow
 def test_downloads_pins_the_commit_then_works_from_the_cache(tiny_files, tmp_path):
     hf_home, base_dir = tmp_path / "hf", tmp_path / "models" / "base"
     with FakeHub() as hub:
@@ -94,6 +95,7 @@ def test_downloads_pins_the_commit_then_works_from_the_cache(tiny_files, tmp_pat
     assert json.loads((tmp_path / "offline" / "source.json").read_text())["sha"] == sha
 
 
+@pytest.mark.slow
 def test_train_records_the_resolved_commit(tiny_files, tiny_dataset, tmp_path):
     """The train stage loads the hub base from the cache (no hub running) and writes its commit."""
     with FakeHub() as hub:
@@ -112,6 +114,7 @@ def test_train_records_the_resolved_commit(tiny_files, tiny_dataset, tmp_path):
     assert (metrics["base_model"], metrics["base_revision"]) == (f"{REPO}@{sha}", sha)
 
 
+@pytest.mark.slow
 def test_later_stages_load_the_recorded_commit_not_the_branch(tiny_files, tmp_path):
     hf_home = tmp_path / "hf"
     newer = tmp_path / "newer"
@@ -157,6 +160,7 @@ def test_unknown_revision(tiny_files, tmp_path):
                     "that exists on the hub, e.g. main)")
 
 
+@pytest.mark.slow
 def test_gated_repo_without_a_token(tiny_files, tmp_path):
     with FakeHub() as hub:
         hub.add_repo(REPO, tiny_files, gated=True, token="hf_secret")
@@ -168,6 +172,7 @@ def test_gated_repo_without_a_token(tiny_files, tmp_path):
         assert with_token.returncode == 0, with_token.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_model_too_large_for_a_cpu_stops_before_its_download(tiny_files, tmp_path):
     """No CUDA here: a hub model above the CPU limit of 4 GB (a sparse shard: the hub stand-in hashes it, so
     kept small) stops on its sizes, before any weight is fetched, in one line naming the CPU profiles."""

@@ -38,6 +38,7 @@ def test_cpu_run_picture_without_plots_says_so_in_one_line(tmp_path):
                                      "(not a finished cpu run?)")
 
 
+@pytest.mark.slow
 def test_sft_control_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path):
     """`bench/sft_control.py` on a finished run: SFT steps from the run's base, then the same test images as
     `evaluate`; the warm start and GRPO figures it prints are the run's own, GRPO minus SFT is paired.
@@ -72,6 +73,7 @@ def test_sft_control_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_pa
     assert f"after GRPO: mean {float(found[3]):.1%}, range" in table
 
 
+@pytest.mark.slow
 def test_cpu_run_report_of_a_finished_run(tiny_pipeline):
     """`bench/cpu_run.py --report`: the figures the README's CPU section quotes, from a run's reports."""
     out = run(["python", str(ROOT / "bench/cpu_run.py"), "--report", str(tiny_pipeline)], ROOT).stdout
@@ -82,6 +84,7 @@ def test_cpu_run_report_of_a_finished_run(tiny_pipeline):
         assert re.search(pattern, out), (pattern, out)
 
 
+@pytest.mark.slow
 def test_answer_styles_answers_as_it_comes_and_with_the_brief_style_forbidden(tiny_pipeline):
     """`bench/answer_styles.py` on a finished run: both models, both ways, on the test images evaluate used;
     with the brief style's first token forbidden no answer is brief; each model's brief-token probability."""
@@ -149,12 +152,14 @@ def test_brief_token_probability_is_the_next_token_probability_of_each_image_alo
         assert probability == pytest.approx(logits.softmax(-1)[brief_token].item(), rel=1e-3, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_smoke_reference_compares_both_reference_precisions(tiny_pipeline):
     """`bench/smoke_reference.py` (the README's figures for smoke's reference precision) on the tiny run."""
     out = run(["python", str(ROOT / "bench/smoke_reference.py"), "--repo", str(tiny_pipeline), "--images", "2"],
               ROOT).stdout
-    found = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(
-        r"reference (float32|bfloat16) +vs \S+-F16\.gguf: first-token log-prob diff, max over 2 images: over the 10 "
-        r"likeliest tokens ([\d.e+-]+), over the tokens with p > 1e-3 \([\d.]+ a image\) ([\d.e+-]+)", out)}
-    assert set(found) == {"float32", "bfloat16"}, out
-    assert found["float32"][1] < 0.05  # both sides in full precision (smoke's own threshold for the tiny profile)
+    found = {(m[1], m[2]): (float(m[3]), float(m[4])) for m in re.finditer(
+        r"reference (float32|bfloat16) +vs \S+-F16\.gguf, (first token|first count): log-prob diff, max over 2 "
+        r"images: over the 10 likeliest tokens ([\d.e+-]+), over the tokens with p > 1e-3 \([\d.]+ a image\) "
+        r"([\d.e+-]+)", out)}
+    assert set(found) == {(d, w) for d in ("float32", "bfloat16") for w in ("first token", "first count")}, out
+    assert found[("float32", "first token")][1] < 0.05  # both in full precision (smoke's tiny threshold)

@@ -20,6 +20,7 @@ def card_inputs(repo) -> dict:
             "smoke_metrics": repo / "reports/smoke/metrics.json"}
 
 
+@pytest.mark.slow
 def test_card_states_what_evaluate_and_smoke_measured(tiny_pipeline):
     text = (tiny_pipeline / "models/README.md").read_text()
     evaluation = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())
@@ -43,6 +44,7 @@ def test_card_states_what_evaluate_and_smoke_measured(tiny_pipeline):
     assert "## What GRPO did" not in text  # the tiny warm start has one answer style
 
 
+@pytest.mark.slow
 def test_card_starts_with_hugging_face_metadata(tiny_pipeline):
     """base_model (for a hub base), license, pipeline tag, tags and a model-index with the test results, as
     huggingface_hub reads them back."""
@@ -59,6 +61,7 @@ def test_card_starts_with_hugging_face_metadata(tiny_pipeline):
     assert data.model_name == STEM
 
 
+@pytest.mark.slow
 def test_mtmd_cli_puts_the_image_before_the_text(tiny_pipeline):
     text = (tiny_pipeline / "models/README.md").read_text()
     command = re.search(r"llama-mtmd-cli .*?\n\s+-p \"(.*?)\"", text, re.DOTALL)
@@ -69,6 +72,7 @@ def test_mtmd_cli_puts_the_image_before_the_text(tiny_pipeline):
     assert f"--mmproj gguf/mmproj-{STEM}-F16.gguf" in command.group(0)
 
 
+@pytest.mark.slow
 def test_card_follows_the_data_and_the_decoding(tiny_pipeline, tmp_path):
     """Other colours, another image size, sampled decoding: the card says so instead of the defaults."""
     repo = copy_repo(tiny_pipeline, tmp_path / "repo")
@@ -94,6 +98,7 @@ def write_json(path, data) -> None:
     path.write_text(json.dumps(data))
 
 
+@pytest.mark.slow
 def test_card_of_a_cpu_run_states_its_baseline(tiny_pipeline, tmp_path):
     """The cpu profile's data (0..3 of each other shape, one shape per cell) and its warm start (two answer
     styles, the brief one a guess): the card says the greedy baseline is a guess's, and gives the warm start
@@ -129,6 +134,7 @@ def test_card_of_a_cpu_run_states_its_baseline(tiny_pipeline, tmp_path):
     assert ModelCard(card.model_card(**card_inputs(repo))).data.base_model == "Qwen/Qwen3-VL-8B-Instruct"
 
 
+@pytest.mark.slow
 def test_missing_smoke_metrics_is_one_line(tiny_pipeline, tmp_path):
     inputs = card_inputs(tiny_pipeline)
     result = stage("card", *[arg for key, path in {**inputs, "smoke_metrics": tmp_path / "none.json"}.items()
@@ -148,6 +154,7 @@ def evaluate_changed(tiny_pipeline, tmp_path_factory):
     return repo
 
 
+@pytest.mark.slow
 def test_a_new_evaluation_does_not_redo_the_export(evaluate_changed):
     dry = run(["dvc", "repro", "--dry"], evaluate_changed).stdout
     assert "Running stage 'evaluate'" in dry
@@ -155,6 +162,7 @@ def test_a_new_evaluation_does_not_redo_the_export(evaluate_changed):
     assert "Running stage 'train'" not in dry
 
 
+@pytest.mark.slow
 def test_the_card_is_rewritten_after_the_new_evaluation(evaluate_changed):
     before = (evaluate_changed / "models/README.md").read_text()
     done = run(["dvc", "repro"], evaluate_changed).stdout
@@ -166,5 +174,21 @@ def test_the_card_is_rewritten_after_the_new_evaluation(evaluate_changed):
     assert "Running stage" not in run(["dvc", "repro"], evaluate_changed).stdout
 
 
+@pytest.mark.slow
 def test_export_no_longer_writes_a_card(tiny_pipeline):
     assert not (tiny_pipeline / "models/gguf/README.md").exists()
+
+
+@pytest.mark.parametrize("profile, expected", [
+    ("tiny", "synthetic 256x256 px images, shapes never overlap, every label re-counted by an independent counter; "
+             "splits train 64; 1..5 of the asked shape and 1..5 of each other shape, 6..8 of the asked shape in `ood` "
+             "(above the training range)"),
+    ("cpu", "synthetic 128x128 px images, one shape per 32 px cell, shapes never overlap, every label re-counted by an "
+            "independent counter; splits train 600; 1..5 of the asked shape and 0..3 of each other shape, 6..8 of the "
+            "asked shape in `ood` (above the training range)"),
+])
+def test_the_data_line_is_right_for_every_profile(profile, expected):
+    """The card's data line from each profile's own generate params (the cpu profile has 0..3 of the others)."""
+    data = profile_params(profile)["generate"]
+    size = f"{data['image_size']}x{data['image_size']}"
+    assert card.data_line(data, size, f"train {data['train_size']}") == expected

@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 from vgrpo import distributed
 from vgrpo.config import ConfigError, config_from_dict
 
+pytestmark = pytest.mark.slow  # DDP and DeepSpeed runs
+
 
 @pytest.fixture
 def data(tiny_dataset):

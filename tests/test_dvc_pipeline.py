@@ -95,6 +95,7 @@ def test_exp_run_tiny_profile_builds_the_dataset(repo):
 
 
 
+@pytest.mark.slow
 def test_a_change_a_profile_overrides_reruns_nothing(repo):
     """Hydra composition: with profile tiny, a default that tiny overrides (generate.train_size) is not a
     value the stages use, so changing it in conf/ reruns nothing and params.yaml stays the same; a value

@@ -152,6 +152,7 @@ def test_heatmaps_share_one_colour_scale(model_and_rows):
 
 # --- The stage, end to end --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_metrics_predictions_plots_and_heatmaps(tiny_pipeline):
     reports = tiny_pipeline / "reports" / "eval"
     metrics = json.loads((reports / "metrics.json").read_text())
@@ -208,6 +209,7 @@ def quantitative_fields(spec: dict) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 def test_every_declared_plot_renders_with_data(tiny_pipeline, tmp_path):
     """`dvc plots show` on the tiny run: every plot dvc.yaml declares is there, has data points, and every
     value on a numeric axis is a number (Vega-Lite drops a point whose x is text)."""
@@ -237,6 +239,7 @@ def test_every_declared_plot_renders_with_data(tiny_pipeline, tmp_path):
     assert "Accuracy by reasoning length" in html and "Confusion, trained" in html and "attention" in html
 
 
+@pytest.mark.slow
 def test_dvc_metrics_show(tiny_pipeline):
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], tiny_pipeline).stdout)
     files = next(iter(shown.values()))["data"]
@@ -244,6 +247,7 @@ def test_dvc_metrics_show(tiny_pipeline):
             "reports/smoke/metrics.json"} <= set(files)
 
 
+@pytest.mark.slow
 def test_changing_an_evaluate_param_reruns_evaluate_only(tiny_pipeline, tmp_path):
     repo = copy_repo(tiny_pipeline, tmp_path / "repo")
     assert "Running stage" not in run(["dvc", "repro"], repo).stdout  # all up to date
@@ -309,6 +313,7 @@ def test_bad_evaluate_params(changes, message, tmp_path, tiny_dataset, tiny_base
     assert line == f"error: params.yaml: {message}"
 
 
+@pytest.mark.slow
 def test_a_warm_start_with_a_brief_style_is_also_evaluated_made_to_describe(tiny_dataset, tiny_base, tmp_path):
     """Where the warm start knows a brief answer style (source.json: described_share < 1), evaluate also
     answers with it made to describe (the brief style's first token forbidden), and compares the trained

@@ -44,6 +44,7 @@ def exported(tmp_path_factory, tiny_base):
     return types.SimpleNamespace(root=root, params=params, stdout=result.stdout, adapter_before=adapter_before)
 
 
+@pytest.mark.slow
 def test_export_writes_merged_model_and_gguf_files(exported):
     root = exported.root
     merged = {p.name for p in (root / "merged").iterdir()}
@@ -60,6 +61,7 @@ def test_export_writes_merged_model_and_gguf_files(exported):
                      r"base \+ adapter\)", exported.stdout), exported.stdout
 
 
+@pytest.mark.slow
 def test_merged_logits_equal_base_plus_adapter(exported, tiny_base):
     import torch
     from peft import PeftModel
@@ -83,6 +85,7 @@ def test_merged_logits_equal_base_plus_adapter(exported, tiny_base):
     assert (merged - base).abs().max().item() > 1e-2  # the adapter really changed the model
 
 
+@pytest.mark.slow
 def test_gguf_files_are_the_text_model_projector_and_k_quants(exported):
     gguf_dir = exported.root / "gguf"
     f16, q4 = read_gguf(gguf_dir / f"{STEM}-F16.gguf"), read_gguf(gguf_dir / f"{STEM}-Q4_K_M.gguf")
@@ -103,6 +106,7 @@ def last_line(result) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_unknown_quantization_lists_the_valid_ones(exported, tmp_path):
     with pytest.raises(export.ExportError, match=r"unknown quantization 'q4_k_xl' \(expected one of q4_0, q4_1"):
         export.quantize(exported.root / "gguf" / f"{STEM}-F16.gguf", tmp_path / "out.gguf", "q4_k_xl")
@@ -115,6 +119,7 @@ def test_unknown_quantization_lists_the_valid_ones(exported, tmp_path):
                                  f"one of {', '.join(QUANTIZATIONS)})")
 
 
+@pytest.mark.slow
 def test_truncated_gguf_is_refused_before_llama_cpp_reads_it(exported, tmp_path):
     source = (exported.root / "gguf" / f"{STEM}-F16.gguf").read_bytes()
     truncated = tmp_path / "truncated.gguf"
@@ -124,6 +129,7 @@ def test_truncated_gguf_is_refused_before_llama_cpp_reads_it(exported, tmp_path)
     assert not (tmp_path / "out.gguf").exists()
 
 
+@pytest.mark.slow
 def test_missing_adapter(exported, tmp_path):
     result = stage("export", "--params", str(exported.params),
                    *export_args(exported.root, adapter=tmp_path / "a", merged=tmp_path / "m", gguf=tmp_path / "g"))
@@ -132,6 +138,7 @@ def test_missing_adapter(exported, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_missing_converter_fails_before_the_merge(exported, tmp_path):
     result = stage("export", "--params", str(exported.params),
                    *export_args(exported.root, merged=tmp_path / "m", gguf=tmp_path / "g"),
@@ -141,6 +148,7 @@ def test_missing_converter_fails_before_the_merge(exported, tmp_path):
     assert not (tmp_path / "m").exists() and not (tmp_path / "g").exists()
 
 
+@pytest.mark.slow
 def test_failing_converter_keeps_the_previous_merged_model_and_gguf(exported, tmp_path):
     """The new merged model is ready before the converter runs; it must not replace the old one when the
     conversion then fails, or merged/ and gguf/ would belong to different models."""
@@ -166,6 +174,7 @@ def test_failing_converter_keeps_the_previous_merged_model_and_gguf(exported, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "gguf", "llama.cpp", "merged"]  # no temp dirs
 
 
+@pytest.mark.slow
 def test_a_bfloat16_merge_converts_to_bf16_named_as_llama_cpp_looks_for_it(exported, tiny_base, tmp_path):
     """The 8B's merge is bfloat16: its text GGUF is BF16 (lossless, not F16), named `<stem>-BF16.gguf`,
     the projector `mmproj-<stem>-F16.gguf` (`llama-server -hf repo:Q4_K_M` matches the type suffix)."""
@@ -195,6 +204,7 @@ def export_in_process(exported, tmp_path, monkeypatch, merge):
                       tmp_path / "merged", tmp_path / "gguf")
 
 
+@pytest.mark.slow
 def test_a_merge_that_silently_drops_the_adapter_fails_the_stage(exported, tmp_path, monkeypatch):
     with pytest.raises(export.ExportError) as err:
         export_in_process(exported, tmp_path, monkeypatch, lambda model, original, *a, **k: model.unload())
@@ -206,6 +216,7 @@ def test_a_merge_that_silently_drops_the_adapter_fails_the_stage(exported, tmp_p
     assert not (tmp_path / "merged").exists() and not (tmp_path / "gguf").exists()
 
 
+@pytest.mark.slow
 def test_a_merge_that_drops_one_module_names_it(exported, tmp_path, monkeypatch):
     """PEFT merges every module but one, whose weight stays the base's."""
     dropped = "model.language_model.layers.1.self_attn.v_proj"
@@ -220,3 +231,17 @@ def test_a_merge_that_drops_one_module_names_it(exported, tmp_path, monkeypatch)
     with pytest.raises(export.ExportError, match=rf"1 of 26 LoRA modules are not in the merged model .*first: "
                                                  rf"{re.escape(dropped)}\)"):
         export_in_process(exported, tmp_path, monkeypatch, merge_all_but_one)
+
+
+def test_gguf_names_follow_llama_cpps_convention():
+    """gguf-py's naming convention (what `llama-server -hf repo:Q4_K_M` and Ollama's `hf.co/...:Q4_K_M`
+    match on): base name, fine-tune, then the type in capitals; the projector as `mmproj-` + that."""
+    from vgrpo.config import ModelParams
+
+    eight_b = ModelParams("Qwen/Qwen3-VL-8B-Instruct", "main", "auto", 65536, 65536, 0)
+    stem = export.gguf_stem(eight_b)
+    assert stem == "Qwen3-VL-8B-Instruct-shapes-grpo"
+    assert export.gguf_name(stem, "q4_k_m") == "Qwen3-VL-8B-Instruct-shapes-grpo-Q4_K_M.gguf"
+    assert export.gguf_name(stem, "bf16") == "Qwen3-VL-8B-Instruct-shapes-grpo-BF16.gguf"
+    assert export.gguf_name(stem, "f16", projector=True) == "mmproj-Qwen3-VL-8B-Instruct-shapes-grpo-F16.gguf"
+    assert export.GGUF_TYPES == {"bfloat16": "bf16", "float16": "f16", "float32": "f16"}  # bf16 stays bf16

@@ -29,6 +29,8 @@ from vgrpo.sampling import inverse_cdf_sampling
 from vgrpo.shapes import load_dataset
 from vgrpo.training import build_trainer
 
+pytestmark = pytest.mark.slow  # GRPO that learns: the cpu profile's warm start and 30 GRPO steps
+
 STEPS = 30  # 120 training images, each once; the cpu run's val accuracy was 70% at step 15, 78% at 30
 HELD_OUT = 64  # test images, every one answered greedily by both models
 REWARD_EVERY = 3  # the expected reward is measured on every third training image (40)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 from conftest import copy_repo, profile_params, run
+
+pytestmark = pytest.mark.slow  # the whole tiny pipeline under DVC
 
 
 def declared(repo, kind: str) -> list[str]:
@@ -110,3 +113,12 @@ def test_editing_a_default_the_profile_overrides_reruns_nothing(tiny_pipeline, t
     run(["git", "commit", "-qam", "a default the tiny profile overrides"], repo)
     result = run(["dvc", "exp", "run", "-S", "profile=tiny"], repo)
     assert "Running stage" not in result.stdout, result.stdout
+
+
+def test_params_diff_shows_the_values_the_run_used(tiny_pipeline):
+    """`dvc params diff`: the tiny run's params.yaml (composed) against the commit's (profile full), key by key."""
+    diff = run(["dvc", "params", "diff", "--md"], tiny_pipeline).stdout
+    rows = {row.split("|")[2].strip(): [cell.strip() for cell in row.split("|")[3:5]]
+            for row in diff.splitlines() if row.startswith("| params.yaml")}
+    assert rows["train.max_steps"] == ["-1", "6"] and rows["model.name"] == ["Qwen/Qwen3-VL-8B-Instruct", "tiny"]
+    assert rows["profile"] == ["full", "tiny"] and "train.lora_r" not in rows  # unchanged keys are not listed

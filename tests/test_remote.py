@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, copy_repo, run
 
+pytestmark = pytest.mark.slow  # a real SSH remote, push and pull
+
 OUTPUTS = ["data/shapes", "models/base", "models/adapter", "models/merged", "models/gguf", "models/README.md",
            "reports/base/metrics.json", "reports/train/metrics.json", "reports/eval/metrics.json",
            "reports/smoke/metrics.json", "reports/smoke/predictions.jsonl"]

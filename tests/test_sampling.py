@@ -18,6 +18,7 @@ def test_frequencies_match_the_probabilities():
     assert torch.allclose(frequencies, weights.double(), atol=0.01), frequencies
 
 
+@pytest.mark.slow
 def test_unnormalised_rows_and_a_vocabulary_sized_row():
     row = torch.zeros(151_936)
     row[[7, 151_935]] = torch.tensor([3.0, 1.0])  # weights 3:1, the last entry included

@@ -149,6 +149,7 @@ def test_colours_follow_params():
     assert colours == {(255, 255, 255), COLOURS["red"], COLOURS["purple"], COLOURS["orange"]}
 
 
+@pytest.mark.slow
 def test_ten_thousand_images_zero_label_errors():
     """10,000 images, every label re-counted from the stored PNG bytes."""
     params = generate_params(train_size=7000, val_size=1000, test_size=1000, ood_size=1000, seed=11)

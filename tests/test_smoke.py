@@ -59,6 +59,7 @@ def smoked(exported):
                                  predictions=predictions)
 
 
+@pytest.mark.slow
 def test_the_transformers_model_is_freed_before_llama_cpp_loads(smoked):
     hf = smoked.metrics["hf"]
     held = hf["memory_freed_gb"]
@@ -68,6 +69,7 @@ def test_the_transformers_model_is_freed_before_llama_cpp_loads(smoked):
     assert f"freed the transformers model ({held:.2f} GiB of weights) before llama.cpp loads" in smoked.stdout
 
 
+@pytest.mark.slow
 def test_a_model_kept_alive_by_a_caller_is_reported_as_not_released(exported, monkeypatch):
     """The measure can fail: a reference kept outside run_hf (as the landed code's own `model` variable
     was) shows as model_released false."""
@@ -79,6 +81,7 @@ def test_a_model_kept_alive_by_a_caller_is_reported_as_not_released(exported, mo
     assert freed["model_released"] is False and kept
 
 
+@pytest.mark.slow
 def test_llama_cpp_layers_on_the_gpu(exported):
     """auto: none without a GPU (this machine); a number is used as given."""
     import dataclasses
@@ -90,6 +93,7 @@ def test_llama_cpp_layers_on_the_gpu(exported):
     assert {t.layers for t in texts} == {2}  # the tiny model's block count, from the header
 
 
+@pytest.mark.slow
 def test_every_gguf_answers_and_matches_the_merged_model(smoked):
     files = smoked.metrics["files"]
     assert set(files) == {f"{STEM}-F16.gguf", f"{STEM}-Q4_K_M.gguf"}
@@ -113,6 +117,7 @@ def test_every_gguf_answers_and_matches_the_merged_model(smoked):
     assert "smoke: 2 GGUF files pass" in smoked.stdout
 
 
+@pytest.mark.slow
 def test_predictions_keep_every_answer(smoked):
     by_model = {}
     for record in smoked.predictions:
@@ -138,6 +143,7 @@ def break_projector(source: Path, dest: Path, how: str) -> Path:
     return dest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["zeros", "noise"])
 def test_a_broken_projector_fails_the_stage(how, exported, tmp_path):
     broken = break_projector(exported.root / "gguf", tmp_path / "gguf", how)
@@ -153,6 +159,7 @@ def test_a_broken_projector_fails_the_stage(how, exported, tmp_path):
     assert error == pytest.approx(1.0) if how == "zeros" else error > 0.1
 
 
+@pytest.mark.slow
 def test_a_projector_that_ignores_the_image_fails_on_image_sensitivity(exported, tmp_path):
     """A zeroed projector hands llama.cpp constant embeddings: the file's counts no longer move with the
     image (real vs blank), while the merged model's do. The tiny profile leaves this gate off (its warm
@@ -185,6 +192,7 @@ def permute_digits(path: Path, tokenizer) -> None:
     raise AssertionError("no token_embd.weight")
 
 
+@pytest.mark.slow
 def test_an_export_whose_counts_are_all_wrong_fails_though_its_template_agrees(exported, tmp_path):
     """Every count wrong, every tag, colour and shape word right: the template agrees (as the first-16-token
     agreement smoke gated until now would have), the counts do not, and the gate says so."""
@@ -206,6 +214,7 @@ def test_an_export_whose_counts_are_all_wrong_fails_though_its_template_agrees(e
     assert metrics["template_agreement"] >= 0.8 and metrics["count_agreement"] == 0
 
 
+@pytest.mark.slow
 def test_a_merge_that_dropped_the_adapter_stops_smoke_before_llama_cpp(exported, tmp_path):
     """evaluate scored base + an adapter that changes about half the answers; the base model stands where
     the merged one should (as a merge that silently drops the adapter leaves it): it answers the smoke
@@ -242,6 +251,7 @@ def corrupt_weights(path: Path, tensor_name: str, seed: int = 0) -> None:
     raise AssertionError(f"no tensor {tensor_name}")
 
 
+@pytest.mark.slow
 def test_a_corrupted_quantized_file_fails_the_stage(exported, tmp_path):
     gguf_dir = tmp_path / "gguf"
     shutil.copytree(exported.root / "gguf", gguf_dir)
@@ -255,6 +265,7 @@ def test_a_corrupted_quantized_file_fails_the_stage(exported, tmp_path):
     assert not any(str(gguf_dir / f"{STEM}-F16.gguf") in line for line in result.stderr.splitlines())
 
 
+@pytest.mark.slow
 def test_token_ids_are_the_ones_llama_cpp_generated_and_forcing_follows_the_reference(exported):
     texts, projector = rt.find_gguf_files(exported.root / "gguf")
     sample = rt.smoke_samples(exported.root / "shapes", 1)[0]
@@ -278,6 +289,7 @@ def test_token_ids_are_the_ones_llama_cpp_generated_and_forcing_follows_the_refe
     assert own.choices == answer.token_ids and own.count_logprobs is None  # its own greedy path: its own tokens
 
 
+@pytest.mark.slow
 def test_projector_embeddings_match_transformers_token_by_token(exported):
     from vgrpo import models
 
@@ -370,6 +382,7 @@ def test_n_ctx_must_leave_room_for_the_prompt():
 
 # --- Bad files: one line, exit 2, before llama.cpp reads anything ------------------------------------
 
+@pytest.mark.slow
 def test_header_reader_agrees_with_the_gguf_package(exported):
     import gguf
 
@@ -399,6 +412,7 @@ def small_gguf(path: Path, architecture: str, width: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, message", [
     ("truncated", "{text}: truncated or corrupt GGUF (tensor token_embd.weight ends at byte "),
     ("not gguf", "{text}: not a GGUF file (starts with b'PK\\x03\\x04', expected b'GGUF')"),
@@ -430,6 +444,7 @@ def test_bad_gguf_files_are_refused(damage, message, exported, tmp_path):
     assert str(error.value).startswith(message.format(text=text, projector=projector, gguf=gguf_dir))
 
 
+@pytest.mark.slow
 def test_stage_refuses_a_truncated_gguf_without_crashing(exported, tmp_path):
     gguf_dir = tmp_path / "gguf"
     shutil.copytree(exported.root / "gguf", gguf_dir)
@@ -442,6 +457,7 @@ def test_stage_refuses_a_truncated_gguf_without_crashing(exported, tmp_path):
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.slow
 def test_stage_needs_the_merged_model(exported, tmp_path):
     result = stage("smoke", "--params", str(exported.params),
                    *smoke_args(exported.root, merged=tmp_path / "merged", reports=tmp_path / "reports"))
@@ -452,6 +468,7 @@ def test_stage_needs_the_merged_model(exported, tmp_path):
 
 # --- Speed ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_benchmark_prints_tokens_per_second_and_the_ratio(exported):
     command = [sys.executable, str(ROOT / "bench" / "gguf_vs_hf.py"), "--params", str(exported.params), "--merged",
                str(exported.root / "merged"), "--gguf", str(exported.root / "gguf"), "--data",

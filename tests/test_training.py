@@ -418,6 +418,7 @@ def train_args(tmp_path: Path, data: Path, base: Path) -> list[str]:
             str(tmp_path / "ckpt"), "--reports", str(tmp_path / "reports")]
 
 
+@pytest.mark.slow
 def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tiny_base, tmp_path):
     params = write_params(tmp_path / "params.yaml", tiny_params(train={"max_steps": 4, "save_steps": 2}))
     result = stage("train", "--params", str(params), *train_args(tmp_path, tiny_dataset, tiny_base))
@@ -452,6 +453,7 @@ def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tiny_base, 
         assert rows[0].startswith("step\t") and [r.split("\t")[0] for r in rows[1:]] == ["1", "2", "3", "4"], curve
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(tiny_dataset, tiny_base, tmp_path):
     raw = tiny_params(train={"max_steps": 6, "save_steps": 2})
     params = write_params(tmp_path / "params.yaml", raw)

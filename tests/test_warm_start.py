@@ -149,6 +149,7 @@ def test_described_share_picks_each_answers_style_by_seed(tiny_dataset):
     assert answers(0.5, 0) == half and answers(0.5, 1) != half
 
 
+@pytest.mark.slow
 def test_the_warm_start_is_the_same_bytes_whatever_the_thread_count(tiny_model_dir, tiny_dataset, tmp_path,
                                                                      monkeypatch):
     """A fresh machine builds the cached warm start again: on 1 thread or 2 it must get the same weights
