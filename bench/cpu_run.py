@@ -1,5 +1,6 @@
-"""The CPU run that learns to count: `dvc exp run -S profile=cpu` in a fresh clone of the pipeline,
-then the figures the README's CPU section reports, and the picture of its curves.
+"""The CPU learning run: `dvc exp run -S profile=cpu` in a fresh clone of the pipeline, then the figures
+docs/cpu-research.md reports (greedy, made to describe, after GRPO: GRPO chooses the answer style; the
+counting is the warm start's), and the picture of its curves.
 
     .venv/bin/python bench/cpu_run.py                          # a temp clone, removed afterwards
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # keep the clone (bench/sft_control.py reads it)

@@ -1,4 +1,6 @@
-"""Proof that GRPO, as the product runs it, teaches the warm-started tiny Qwen3-VL to count better.
+"""Proof that GRPO, as the product runs it, moves the warm-started tiny Qwen3-VL: it learns to describe
+first (the better of the two answer styles its warm start knows), which lifts its greedy accuracy. It does
+not prove that GRPO teaches counting: the counting is the warm start's (docs/cpu-research.md).
 
 Everything is the `cpu` profile's: its data (the generate stage), its warm-started base (the base
 stage; cached by recipe, so seconds after the first build, a few minutes before), its rewards

@@ -43,6 +43,19 @@ def test_grpo_config_carries_every_recipe_knob(profile, tmp_path):
     assert (args.use_cpu, args.bf16, args.fp16, args.gradient_checkpointing) == (True, False, False, False)
 
 
+def test_report_to_reaches_the_trainer_and_nothing_by_default(tmp_path):
+    """`train.report_to` is the trainer's own `report_to` (its W&B, Trackio or TensorBoard callback);
+    empty, only DVCLive (our LiveCurves) logs, as every profile has it."""
+    from vgrpo.training import grpo_config
+
+    assert grpo_config(tiny_config(report_to=["tensorboard"]).train, tmp_path, "float32", cuda=False).report_to == [
+        "tensorboard"]
+    assert grpo_config(tiny_config().train, tmp_path, "float32", cuda=False).report_to == []
+    with pytest.raises(ConfigError, match=r"^params.yaml: train.report_to\[0\]: expected one of wandb, trackio, "
+                                          r"tensorboard, got 'mlflow'$"):
+        config_from_dict(tiny_params(train={"report_to": ["mlflow"]}))
+
+
 def test_rollout_top_k_reaches_trl(tmp_path):
     """Every profile keeps TRL's default (0: whole vocabulary), so the test above cannot tell a knob that
     is passed from one that is dropped: set it."""
@@ -357,6 +370,9 @@ BAD_TRAIN = [
      "correctness_free, description, reasoning, counts_described)"),
     ("group size", {"num_generations": 3},
      "error: params.yaml: train.num_generations: 3 does not divide the generation batch 4"),
+    ("a logger that is not installed", {"report_to": ["wandb"]},
+     "error: params.yaml: train.report_to: wandb is not installed (pip install wandb in the venv), or remove it from "
+     "train.report_to"),
 ]
 
 
