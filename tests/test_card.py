@@ -125,8 +125,9 @@ def test_card_of_a_cpu_run_states_its_baseline(tiny_pipeline, tmp_path):
     assert "1..5 of the asked shape and 0..3 of each other shape" in flat and "one shape per 32 px cell" in flat
     assert "and their number is a guess by design (`base.brief_answers: guessed`)" in flat
     assert "its greedy accuracy (20.0% on the test images) is a guess's" in flat
-    assert ("Made to describe (the brief style's first token forbidden), the warm start answers 69.0% right; after "
-            "GRPO, 72.0%: +3.0 points, paired 95% CI [-2.0, +8.0], McNemar p = 0.31.") in flat
+    assert ("Made to describe (the brief style's first token forbidden), the warm start answers 69.0% of them right; "
+            "after GRPO, 72.0%: a difference of +3.0 points (paired 95% CI [-2.0, +8.0], McNemar p = 0.31).") in flat
+    assert not re.search(r"^[-+]\d", text, re.MULTILINE)  # no figure at a line's start: Markdown would list it
     assert "| test | " in text.split("## What GRPO did")[1].split("## ")[0]  # its own table
     assert ModelCard(text).data.base_model is None
     source.update(kind="hub", name="Qwen/Qwen3-VL-8B-Instruct", revision="main", sha="0" * 40)

@@ -103,18 +103,21 @@ def what_grpo_did(source: dict, evaluation: dict) -> str:
     guess = ", and their number is a guess by design (`base.brief_answers: guessed`)" if guessed else ""
     gain = test["trained_minus_base_described"]
     low, high = gain["accuracy_ci95"]
+    difference = (f"a difference of {gain['accuracy'] * 100:+.1f} points (paired 95% CI [{low * 100:+.1f}, "
+                  f"{high * 100:+.1f}], McNemar p = {gain['mcnemar_p']:.3g})")
     return f"""
 ## What GRPO did
 
 The starting point (the warm start, `base`) was taught two answer styles by supervised steps: a share of
 {warm['described_share']:.0%} of its answers state the three counts before answering, the others are brief
 ("I count the blue circles."){guess}.
-Greedy decoding of the warm start answers brief, so its greedy accuracy ({test['base']['accuracy']:.1%} on the
-test images) {"is a guess's" if guessed else "is the brief style's"}. Made to describe (the brief style's first
-token forbidden), the warm start answers {test['base_described']['accuracy']:.1%} right; after GRPO,
-{test['trained']['accuracy']:.1%}: {gain['accuracy'] * 100:+.1f} points, paired 95% CI [{low * 100:+.1f},
-{high * 100:+.1f}], McNemar p = {gain['mcnemar_p']:.3g}. That difference is what GRPO added to its starting point's
-own counting; the rest of its gain over greedy decoding is the choice of the described style.
+Greedy decoding of the warm start answers brief, so its greedy accuracy
+({test['base']['accuracy']:.1%} on the test images) {"is a guess's" if guessed else "is the brief style's"}.
+Made to describe (the brief style's first token forbidden), the warm start answers
+{test['base_described']['accuracy']:.1%} of them right; after GRPO, {test['trained']['accuracy']:.1%}:
+{difference}.
+That difference is what GRPO did to its starting point's own counting; the rest of its gain over greedy
+decoding is the choice of the described style.
 
 {evaluation_table(evaluation, "base_described")}
 """
