@@ -52,13 +52,13 @@ def test_too_large_a_plan_stops_in_one_line_naming_the_profile():
     full = profile("full")
     plan = memory.train_plan(full, shape_8b(full), "float16")
     with pytest.raises(VgrpoError) as err:
-        memory.check_fits(plan, "training", full, int(T4_FREE), "Tesla T4")
+        memory.check_fits(plan, "training", full, int(T4_FREE), "Tesla T4", stored_bytes=17_534_000_000)
     line = str(err.value)
     assert "\n" not in line
     assert line.startswith(f"params.yaml: profile full: training is planned at {plan['total']:g} GB of GPU memory "
                            "(weights 18.69, ")
-    assert line.endswith("and Tesla T4 has 15.0 GB free: use profile gpu16 (dvc exp run -S profile=gpu16), which "
-                         "loads the base in 4 bits")
+    assert line.endswith("; the weight files: 17.5 GB, models/base/source.json) and Tesla T4 has 15.0 GB free: use "
+                         "profile gpu16 (dvc exp run -S profile=gpu16), which loads the base in 4 bits")
     small = profile("gpu16")
     memory.check_fits(memory.train_plan(small, shape_8b(small), "float16"), "training", small, int(T4_FREE), "T4")
     with pytest.raises(VgrpoError, match=r"8.0 GB free: lower train.max_completion_length"):

@@ -236,7 +236,8 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
     if torch.cuda.is_available():
         plan = memory.evaluate_plan(config, memory.model_shape(base.base_model_path(base_dir)), dtype,
                                     (adapter_dir / "adapter_model.safetensors").stat().st_size)
-        memory.check_fits(plan, "evaluate", config, *memory.gpu_free_and_name())
+        memory.check_fits(plan, "evaluate", config, *memory.gpu_free_and_name(),
+                          stored_bytes=memory.stored_weights_bytes(base.read_source(base_dir)))
     model, processor = load_base_and_adapter(config, base_dir, adapter_dir, dtype)
     effect = adapter_effect(model, processor, next(iter(splits.values()))[0], dtype)  # before the long part
     forbidden = {DESCRIBED: [[brief_style_fork(processor.tokenizer)[1]]]}

@@ -184,11 +184,15 @@ def gpu_free_and_name() -> tuple[int, str]:
     return torch.cuda.mem_get_info(index)[0], torch.cuda.get_device_name(index)
 
 
-def check_fits(plan: dict[str, float], what: str, config: Config, free: int, device_name: str) -> None:
-    """Stop in one line when the plan exceeds the GPU's free memory, naming the profile to use."""
+def check_fits(plan: dict[str, float], what: str, config: Config, free: int, device_name: str,
+               stored_bytes: int | None = None) -> None:
+    """Stop in one line when the plan exceeds the GPU's free memory, naming the profile to use.
+    `stored_bytes`: the weight files' size that `base` recorded (models/base/source.json), for the message."""
     if plan["total"] * GB <= free:
         return
     parts = ", ".join(f"{part} {gb:g}" for part, gb in plan.items() if part != "total")
+    if stored_bytes:
+        parts += f"; the weight files: {stored_bytes / GB:.1f} GB, models/base/source.json"
     if not config.train.load_in_4bit:
         fix = (f"use profile {SMALL_PROFILE} (dvc exp run -S profile={SMALL_PROFILE}), which loads the base in 4 bits")
     else:

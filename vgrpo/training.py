@@ -243,7 +243,8 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
     args = grpo_config(train, checkpoints_dir, dtype, cuda)
     if cuda:  # before the weights load: a run that cannot fit stops in one line that names the profile to use
         shape = memory.base_shape(base.base_model_path(base_dir), config)
-        memory.check_fits(memory.train_plan(config, shape, dtype), "training", config, *memory.gpu_free_and_name())
+        memory.check_fits(memory.train_plan(config, shape, dtype), "training", config, *memory.gpu_free_and_name(),
+                          stored_bytes=memory.stored_weights_bytes(base.read_source(base_dir)))
     main_process = args.process_index == 0
     source = base.read_source(base_dir)
     splits = load_dataset(data_dir, splits=("train", "val"))
