@@ -30,7 +30,8 @@ def scores(text, **columns) -> dict[str, float]:
 
 def test_seed_free_text_answer():
     assert scores(FREE_TEXT) == {"correctness_tags": 0.0, "format_tags": -2.0, "correctness_free": 1.0,
-                                 "description": 0.5, "reasoning": 0.2, "counts_described": 0.0}
+                                 "description": 0.5, "reasoning": 0.2, "counts_described": 0.0,
+                                 "answer_follows_reasoning": 0.0}
     free_text_rewards = ("correctness_free", "description", "reasoning")
     assert sum(score(name, FREE_TEXT) for name in free_text_rewards) == pytest.approx(1.7)
 
@@ -149,6 +150,20 @@ def test_counts_described(text, expected):
     assert score("counts_described", text, counts=ROW_COUNTS) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("text, shape, expected", [
+    ("<REASONING>2 red triangles, 3 blue circles, 0 green squares</REASONING><SOLUTION>3</SOLUTION>", "circles", 1.0),
+    ("<REASONING>2 red triangles, 4 blue circles, 0 green squares</REASONING><SOLUTION>4</SOLUTION>", "circles", 1.0),
+    ("<REASONING>2 red triangles, 4 blue circles, 0 green squares</REASONING><SOLUTION>3</SOLUTION>", "circles", 0.0),
+    ("<REASONING>2 red triangles, 3 blue circles</REASONING><SOLUTION>2</SOLUTION>", "circles", 0.0),  # other shape
+    ("<REASONING>I count the blue circles.</REASONING><SOLUTION>3</SOLUTION>", "circles", 0.0),  # states no count
+    ("<REASONING>3 blue circles</REASONING>", "circles", 0.0),  # no answer
+    ("<REASONING>3 blue circles</REASONING><SOLUTION>3</SOLUTION>", None, 0.0),
+])
+def test_answer_follows_reasoning(text, shape, expected):
+    """Consistency, not correctness: the answer repeats the count the reasoning states for the asked shape."""
+    assert score("answer_follows_reasoning", text, target_shape=shape) == expected
+
+
 @pytest.mark.parametrize("reasoning, shape, expected", [
     ("2 red triangles, 3 blue circles, 0 green squares", "circles", 3),
     ("there are 4 circles here", "circles", 4),
@@ -176,7 +191,8 @@ def test_unknown_reward_is_a_config_error():
     with pytest.raises(ConfigError) as error:
         reward_functions({"correctness_tags": 1.0, "vibes": 1.0})
     assert str(error.value) == ("train.rewards.vibes: unknown reward (expected one of correctness_tags, format_tags, "
-                                "correctness_free, description, reasoning, counts_described)")
+                                "correctness_free, description, reasoning, counts_described, "
+                                "answer_follows_reasoning)")
 
 
 # Built once: huge strings drawn by hypothesis itself would be slow and hit its size limits.

@@ -367,7 +367,7 @@ BAD_TRAIN = [
      "error: params.yaml: train.use_vllm: vLLM needs a CUDA GPU"),
     ("unknown reward", {"rewards": {"vibes": 1.0}},
      "error: params.yaml: train.rewards.vibes: unknown reward (expected one of correctness_tags, format_tags, "
-     "correctness_free, description, reasoning, counts_described)"),
+     "correctness_free, description, reasoning, counts_described, answer_follows_reasoning)"),
     ("group size", {"num_generations": 3},
      "error: params.yaml: train.num_generations: 3 does not divide the generation batch 4"),
     ("a logger that is not installed", {"report_to": ["wandb"]},

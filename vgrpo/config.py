@@ -54,7 +54,8 @@ QUANTIZATIONS = {
 }  # fmt: skip
 # Reward names known to vgrpo.rewards.REWARDS (kept here so validating params imports nothing heavy;
 # tests/test_rewards.py checks the two lists agree).
-REWARD_NAMES = ("correctness_tags", "format_tags", "correctness_free", "description", "reasoning", "counts_described")
+REWARD_NAMES = ("correctness_tags", "format_tags", "correctness_free", "description", "reasoning", "counts_described",
+                "answer_follows_reasoning")
 
 Colour = Literal["red", "blue", "green", "orange", "purple", "black"]
 Split = Literal["train", "val", "test", "ood"]

@@ -158,6 +158,17 @@ def counts_described(completions, **kwargs) -> list[float]:
     return rewards
 
 
+def answer_follows_reasoning(completions, **kwargs) -> list[float]:
+    """+1.0 when the `<SOLUTION>` number is the count the reasoning states for the asked shape, else 0.0."""
+    n = len(completions)
+    rewards = []
+    for completion, shape in zip(completions, _column(kwargs, "target_shape", n), strict=True):
+        text = _text(completion)
+        stated = stated_count(reasoning_text(text), shape) if isinstance(shape, str) else None
+        rewards.append(1.0 if stated is not None and _tagged_answer(text) == stated else 0.0)
+    return rewards
+
+
 REWARDS: dict[str, Reward] = {
     "correctness_tags": correctness_tags,
     "format_tags": format_tags,
@@ -165,6 +176,7 @@ REWARDS: dict[str, Reward] = {
     "description": description,
     "reasoning": reasoning,
     "counts_described": counts_described,
+    "answer_follows_reasoning": answer_follows_reasoning,
 }
 
 
