@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+import yaml
 from conftest import copy_repo, profile_params, run, stage
 
 from vgrpo import card
@@ -150,8 +151,11 @@ def test_missing_smoke_metrics_is_one_line(tiny_pipeline, tmp_path):
 @pytest.fixture(scope="module")
 def evaluate_changed(tiny_pipeline, tmp_path_factory):
     repo = copy_repo(tiny_pipeline, tmp_path_factory.mktemp("changed") / "repo")
-    params = repo / "params.yaml"
-    params.write_text(params.read_text().replace("      attention_samples: 2", "      attention_samples: 1"))
+    params = repo / "params.yaml"  # as composed for the run: edited in place, as `dvc repro` takes it
+    raw = yaml.safe_load(params.read_text())
+    assert raw["evaluate"]["attention_samples"] == 2
+    raw["evaluate"]["attention_samples"] = 1
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
     return repo
 
 

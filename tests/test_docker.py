@@ -45,8 +45,8 @@ DEFAULT_CUDA = "13.0"
 # name==version, with optional extras; the name must not continue a longer word or path.
 PIN = re.compile(r"(?<![\w./-])([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s\"';&|)\\]+)")
 # What the build needs from the context: .dockerignore must not drop these.
-BUILD_NEEDS = ["pyproject.toml", "setup.sh", "dvc.yaml", "params.yaml", ".dvc/config", "vgrpo/config.py",
-               "stages/generate.py"]
+BUILD_NEEDS = ["pyproject.toml", "setup.sh", "dvc.yaml", "params.yaml", "conf/config.yaml", ".dvc/config",
+               "vgrpo/config.py", "stages/generate.py"]
 
 
 # ---------------------------------------------------------------------------------------------------
