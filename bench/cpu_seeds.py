@@ -5,6 +5,7 @@ named. A float result differs between CPU kinds (rounding in their kernels), and
 
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds 0 1 2 3 4   # ~20 min a seed on 2 cores
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --report             # the table from what is there
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-kl --set train.beta=0.3 --no-sft 0 1 2 3 4  # a variant
 
 Each seed runs in its own clone (bench/pipeline.py's), `dvc exp run -S profile=cpu -S base.seed=S
 -S train.seed=S -S evaluate.splits=[test] evaluate` (generate, base, train, evaluate on the test split:
@@ -38,7 +39,7 @@ def cpu_name() -> str:
     return f"{name} ({', '.join(extras) or 'no AVX2'}, {cores} cores)"
 
 
-def run_seed(work: Path, seed: int, settings: tuple[str, ...] = ()) -> None:
+def run_seed(work: Path, seed: int, settings: tuple[str, ...] = (), sft: bool = True) -> None:
     folder = work / f"seed-{seed}"
     if (folder / "done").exists():
         click.echo(f"seed {seed}: done before, kept")
@@ -50,6 +51,9 @@ def run_seed(work: Path, seed: int, settings: tuple[str, ...] = ()) -> None:
     click.echo(f"seed {seed}: dvc exp run (warm start, GRPO, evaluate) in {repo}", err=True)
     overrides = ["profile=cpu", f"base.seed={seed}", f"train.seed={seed}", "evaluate.splits=[test]", *settings]
     sh(["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"], repo)
+    if not sft:
+        (folder / "done").write_text("")
+        return
     click.echo(f"seed {seed}: the SFT control", err=True)
     result = subprocess.run([sys.executable, str(BENCH / "sft_control.py"), "--repo", str(repo), "--out",
                              str(folder / "sft_control.json")], env=environment(repo), capture_output=True, text=True)
@@ -65,7 +69,8 @@ def seed_figures(folder: Path) -> dict:
     test = json.loads((repo / "reports/eval/metrics.json").read_text())["test"]
     train = json.loads((repo / "reports/train/metrics.json").read_text())
     warm = json.loads((repo / "reports/base/metrics.json").read_text())
-    sft = json.loads((folder / "sft_control.json").read_text())
+    sft_file = folder / "sft_control.json"
+    sft = json.loads(sft_file.read_text()) if sft_file.exists() else {"accuracy": None, "sft_steps": None}
     described = test.get("base_described", {}).get("accuracy")
     gain = test.get("trained_minus_base_described", {})
     return {"images": test["trained"]["samples"], "greedy": test["base"]["accuracy"], "described": described,
@@ -75,7 +80,7 @@ def seed_figures(folder: Path) -> dict:
 
 
 def report(work: Path) -> None:
-    folders = sorted((f for f in work.glob("seed-*") if (f / "sft_control.json").exists()),
+    folders = sorted((f for f in work.glob("seed-*") if (f / "done").exists()),
                      key=lambda f: int(f.name.split("-")[1]))
     if not folders:
         raise SystemExit(f"cpu_seeds: no finished seed in {work}")
@@ -95,8 +100,8 @@ def report(work: Path) -> None:
             low, high = r["gain_ci"]
             gain = (f"{(r['grpo'] - r['described']) * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}], "
                     f"p {r['gain_p']:.3g}")
-        click.echo(f"| {seed} | {share(r['greedy'])} | {share(r['described'])} | {share(r['grpo'])} | {gain} "
-                   f"| {share(r['sft'])} ({r['sft_steps']} steps) |")
+        sft = "-" if r["sft"] is None else f"{share(r['sft'])} ({r['sft_steps']} steps)"
+        click.echo(f"| {seed} | {share(r['greedy'])} | {share(r['described'])} | {share(r['grpo'])} | {gain} | {sft} |")
     for key, label in (("greedy", "warm start, greedy"), ("described", "warm start made to describe"),
                        ("grpo", "after GRPO"), ("sft", "SFT control")):
         values = [r[key] for r in rows.values() if r[key] is not None]
@@ -114,11 +119,13 @@ def report(work: Path) -> None:
 @click.option("--report", "report_only", is_flag=True, help="Only print the table from the seeds done.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="A params override after the profile (repeatable), e.g. train.max_steps=20: a variant.")
-def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[str, ...]) -> None:
+@click.option("--sft/--no-sft", default=True, show_default=True,
+              help="Run the SFT control after each seed (a variant of GRPO can leave it to the profile's runs).")
+def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[str, ...], sft: bool) -> None:
     work.mkdir(parents=True, exist_ok=True)
     if not report_only:
         for seed in seeds:
-            run_seed(work, seed, settings)
+            run_seed(work, seed, settings, sft)
     report(work)
 
 

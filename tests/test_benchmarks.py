@@ -62,6 +62,7 @@ def test_sft_control_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_pa
     assert re.search(r"GRPO minus more SFT: [+-][\d.]+ \(paired 95% CI \[[+-][\d.]+, [+-][\d.]+\], McNemar p [\d.e-]+, "
                      rf"{found[1]} images\)", out), out
     sft = json.loads((seed / "sft_control.json").read_text())
+    (seed / "done").touch()  # what bench/cpu_seeds.py leaves once a seed's runs are finished
     assert sft["sft_steps"] == 2 and f"{sft['accuracy']:.3f}" == found[4]
 
     table = run(["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "seeds"), "--report"],
