@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from vgrpo.base import base_model_path  # noqa: E402
 from vgrpo.config import load_config  # noqa: E402
 from vgrpo.evaluation import mcnemar_p, paired_bootstrap_ci  # noqa: E402
-from vgrpo.generation import batch_inputs, completion_texts  # noqa: E402
+from vgrpo.generation import append_tokens, batch_inputs, completion_texts  # noqa: E402
 from vgrpo.models import load_model, load_processor  # noqa: E402
 from vgrpo.prompts import brief_style_fork, parse_answer  # noqa: E402
 from vgrpo.shapes import load_dataset  # noqa: E402
@@ -39,12 +39,7 @@ def brief_token_probabilities(net, processor, rows, prefix: list[int], brief_tok
     probabilities = []
     for begin in range(0, len(rows), batch_size):
         inputs = batch_inputs(processor, rows[begin:begin + batch_size], net.device)
-        forced = torch.tensor([prefix] * inputs["input_ids"].shape[0])  # left padding: prompts end together
-        appended = {"input_ids": forced, "attention_mask": torch.ones_like(forced),
-                    "mm_token_type_ids": torch.zeros_like(forced)}  # text tokens, not image ones
-        for key, tail in appended.items():
-            if key in inputs:
-                inputs[key] = torch.cat([inputs[key], tail], dim=1)
+        inputs = append_tokens(inputs, torch.tensor([prefix] * inputs["input_ids"].shape[0]))
         logits = net(**inputs, logits_to_keep=1).logits[:, -1].float()
         probabilities += logits.softmax(-1)[:, brief_token].tolist()
     return probabilities

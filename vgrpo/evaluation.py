@@ -21,7 +21,7 @@ from PIL import Image
 from vgrpo import base, memory, models
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
-from vgrpo.generation import batch_inputs, generate, next_token_logits
+from vgrpo.generation import append_tokens, batch_inputs, generate, next_token_logits
 from vgrpo.prompts import brief_style_fork, parse_answer, reasoning_text
 from vgrpo.rewards import REWARDS, stated_count
 
@@ -183,12 +183,9 @@ def image_attention(model, processor, row, completion_ids: list[int]) -> tuple[f
     inputs = batch_inputs(processor, [row], model.device)
     prompt_length = inputs["input_ids"].shape[1]
     completion = torch.tensor([completion_ids or [processor.tokenizer.eos_token_id]], device=model.device)
-    input_ids = torch.cat([inputs["input_ids"], completion], dim=1)
-    attention_mask = torch.ones_like(input_ids)
-    mm_token_type_ids = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(completion)], dim=1)
-    output = model(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm_token_type_ids,
-                   pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
-                   output_attentions=True)
+    inputs = append_tokens(inputs, completion)
+    input_ids = inputs["input_ids"]
+    output = model(**inputs, output_attentions=True)
     # layers x heads x answer tokens x keys -> mean over layers, heads and answer tokens
     weights = torch.stack([a[0, :, prompt_length - 1:-1] for a in output.attentions]).float().mean(dim=(0, 1, 2))
     image_positions = (input_ids[0] == model.config.image_token_id).nonzero().flatten()

@@ -17,6 +17,17 @@ def batch_inputs(processor, rows, device):
                                          return_tensors="pt", processor_kwargs={"padding": True}).to(device)
 
 
+def append_tokens(inputs, tokens: torch.Tensor) -> dict:
+    """A processor batch with text tokens appended after each prompt (`tokens`: one row per example, on
+    the batch's device): input ids, an attention mask of ones, text (0) as their multimodal token type.
+    Left padding ends every prompt at the same column, so the tokens follow each prompt directly."""
+    out = dict(inputs)
+    out["input_ids"] = torch.cat([inputs["input_ids"], tokens], dim=1)
+    out["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(tokens)], dim=1)
+    out["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(tokens)], dim=1)
+    return out
+
+
 @torch.no_grad()
 def generate(model, processor, rows, max_new_tokens: int, do_sample: bool = False,
              temperature: float = 1.0, bad_words_ids: list[list[int]] | None = None) -> list[list[int]]:

@@ -338,13 +338,10 @@ def _llama_chat(llama, question: str, image, max_tokens: int, forced: list[int] 
 @torch.no_grad()
 def hf_forced_logprobs(model, processor, question: str, image, prefix: list[int]) -> np.ndarray:
     """The next-token log-probabilities after the prompt (with `image`) and the answer tokens `prefix`."""
-    from vgrpo.generation import batch_inputs
+    from vgrpo.generation import append_tokens, batch_inputs
 
     inputs = batch_inputs(processor, [{"question": question, "image": image}], model.device)
-    forced = torch.tensor([prefix], device=model.device, dtype=inputs["input_ids"].dtype)
-    inputs["input_ids"] = torch.cat([inputs["input_ids"], forced], dim=1)
-    inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(forced)], dim=1)
-    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    inputs = append_tokens(inputs, torch.tensor([prefix], device=model.device, dtype=inputs["input_ids"].dtype))
     return _log_softmax(model(**inputs, logits_to_keep=1).logits[0, -1].double().cpu().numpy())
 
 
