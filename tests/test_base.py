@@ -96,25 +96,6 @@ def test_downloads_pins_the_commit_then_works_from_the_cache(tiny_files, tmp_pat
 
 
 @pytest.mark.slow
-def test_train_records_the_resolved_commit(tiny_files, tiny_dataset, tmp_path):
-    """The train stage loads the hub base from the cache (no hub running) and writes its commit."""
-    with FakeHub() as hub:
-        sha = hub.add_repo(REPO, tiny_files)
-        env = hub.client_env(tmp_path / "hf")
-        assert run_base(hub_params(tmp_path), tmp_path / "base", env).returncode == 0
-    params = write_params(tmp_path / "train.yaml", hub_raw(train={"max_steps": 1, "save_steps": 1}))
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / "train.py"), "--params", str(params), "--data",
-                             str(tiny_dataset), "--base", str(tmp_path / "base"), "--adapter",
-                             str(tmp_path / "adapter"), "--checkpoints", str(tmp_path / "ckpt"), "--reports",
-                             str(tmp_path / "reports")],
-                            cwd=ROOT, capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"base {REPO}@{sha}" in result.stdout
-    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
-    assert (metrics["base_model"], metrics["base_revision"]) == (f"{REPO}@{sha}", sha)
-
-
-@pytest.mark.slow
 def test_later_stages_load_the_recorded_commit_not_the_branch(tiny_files, tmp_path):
     hf_home = tmp_path / "hf"
     newer = tmp_path / "newer"

@@ -64,3 +64,6 @@ def test_gpu_check_runs_on_a_cpu_with_a_hub_model(tiny_base, tmp_path):
         assert any(r.startswith("GET /cdn-lfs/") for r in hub.requests)
     cases = check_cpu_summary(result, summary, ["dvc-full", "dvc-gpu16"])
     assert (summary["model"], summary["revision"], cases["setup"]["base"]) == ("Qwen/Qwen3-VL-Tiny-Test", "main", sha)
+    # train loaded that commit (from the cache: later stages never ask the hub) and recorded it
+    train = json.loads((tmp_path / "check" / "hf-float32" / "reports/train/metrics.json").read_text())
+    assert (train["base_model"], train["base_revision"]) == (f"Qwen/Qwen3-VL-Tiny-Test@{sha}", sha)
