@@ -66,6 +66,7 @@ def repro_generate(repo):
     return run(["dvc", "repro", "generate"], repo).stdout
 
 
+@pytest.mark.slow
 def test_generate_reruns_only_when_its_params_change(repo):
     first = repro_generate(repo)
     assert "Running stage 'generate'" in first
@@ -85,6 +86,7 @@ def test_generate_reruns_only_when_its_params_change(repo):
     assert json.loads((repo / "data/shapes/stats.json").read_text())["fingerprint"] != before
 
 
+@pytest.mark.slow
 def test_exp_run_tiny_profile_builds_the_dataset(repo):
     result = run(["dvc", "exp", "run", "-S", "profile=tiny", "generate"], repo)
     assert "Running stage 'generate'" in result.stdout

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 from test_dvc_pipeline import library_modules
 
@@ -42,6 +43,7 @@ def touched(test_file: str) -> set[str]:
     return modules
 
 
+@pytest.mark.slow
 def test_the_fast_tier_leaves_out_the_slow_tests_and_touches_every_module():
     files = fast_tier_files()
     assert "tests/test_learning.py" not in files and "tests/test_remote.py" not in files

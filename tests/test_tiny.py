@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 from vgrpo import tiny
@@ -36,6 +37,7 @@ def test_cached_build_is_reused(tiny_model_dir):
     assert (tiny_model_dir / "model.safetensors").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_other_weights(tmp_path, tiny_model_dir):
     a = tiny.build_tiny_model(tmp_path / "a", seed=0)
     b = tiny.build_tiny_model(tmp_path / "b", seed=0)
