@@ -14,6 +14,7 @@ from conftest import copy_repo, run, stage, tiny_adapter, tiny_params, write_par
 
 from vgrpo import evaluation, generation, models, prompts
 from vgrpo.base import base_model_path
+from vgrpo.rewards import REWARDS
 from vgrpo.config import config_from_dict
 
 PER_MODEL = ["samples", "accuracy", "accuracy_ci95", "format_compliance", "description_rate", "unparseable_rate",
@@ -26,8 +27,7 @@ PER_MODEL = ["samples", "accuracy", "accuracy_ci95", "format_compliance", "descr
 def record(answer, parsed, shape="circles", tokens=10, fmt=-2.0, description=0.0, stated=None):
     return {"answer": str(answer), "parsed": parsed, "correct": parsed == answer, "target_shape": shape,
             "reasoning_tokens": tokens, "reasoning_count": stated,
-            "rewards": {"correctness_tags": 0.0, "format_tags": fmt, "correctness_free": 0.0,
-                        "description": description, "reasoning": 0.0, "counts_described": 0.0}}
+            "rewards": {**dict.fromkeys(REWARDS, 0.0), "format_tags": fmt, "description": description}}
 
 
 def test_summary_numbers():
@@ -176,8 +176,7 @@ def test_metrics_predictions_plots_and_heatmaps(tiny_pipeline):
     for key in ("id", "split", "model", "question", "answer", "completion", "parsed", "correct", "rewards",
                 "reasoning_count"):
         assert key in lines[0]
-    assert set(lines[0]["rewards"]) == {"correctness_tags", "format_tags", "correctness_free", "description",
-                                        "reasoning", "counts_described"}
+    assert set(lines[0]["rewards"]) == set(REWARDS) and "answer_follows_reasoning" in REWARDS
     base = {(r["split"], r["id"]): r["question"] for r in lines if r["model"] == "base"}
     trained = {(r["split"], r["id"]): r["question"] for r in lines if r["model"] == "trained"}
     assert base == trained  # same samples, same questions
