@@ -1,12 +1,12 @@
 """The honest control for the CPU run: instead of GRPO, continue the warm start's supervised
-fine-tuning for the same wall time that GRPO took (or for `--steps` steps: with 38 steps of 16 it
-sees about as many answers as GRPO's 150 steps saw prompts), then answer the same test images
+fine-tuning for the same wall time that GRPO took (or for `--steps` steps: with 11 steps of 16 it
+sees about as many answers as the cpu profile's 45 GRPO steps of 4 prompts saw prompts), then answer the same test images
 greedily. If more SFT does as well as GRPO, the GRPO gain is just more training.
 
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run     # first: a cpu run to compare with
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run
-    .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 38   # about as many answers as GRPO's prompts
-    .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 150 --learning-rate 1e-4
+    .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 11   # about as many answers as GRPO's prompts
+    .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --steps 45 --learning-rate 1e-4
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run --out /tmp/sft.json   # the figures as JSON too
 
 Uses the run's own warm-started base (models/base), params (the `base` group's SFT recipe, on
