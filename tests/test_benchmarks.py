@@ -17,6 +17,7 @@ def test_generate_benchmark():
     assert re.search(r"naive label errors: +[\d.]+%", out)
 
 
+@pytest.mark.slow
 def test_evaluate_speed_benchmark():
     out = run(["python", str(ROOT / "bench/evaluate_speed.py"), "--samples", "4", "--batch-size", "4",
                "--max-new-tokens", "4"], ROOT).stdout

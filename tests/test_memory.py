@@ -129,6 +129,7 @@ def test_logits_that_are_not_finite_stop_evaluate_in_one_line(tiny_base, tiny_da
     assert not (tmp_path / "reports" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_memory_plan_benchmark_prints_the_readme_table():
     import subprocess
     import sys
