@@ -23,20 +23,9 @@ import sys
 from pathlib import Path
 
 import click
-from pipeline import environment, make_clone, sh  # bench/pipeline.py
+from pipeline import cpu_name, environment, make_clone, sh  # bench/pipeline.py
 
 BENCH = Path(__file__).resolve().parent
-
-
-def cpu_name() -> str:
-    """The CPU's model name and whether it has AMX / AVX-512 (what changes float sums between kinds)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    extras = [label for flag, label in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
-              if flag in flags]
-    cores = sum(line.startswith("processor") for line in info.splitlines())
-    return f"{name} ({', '.join(extras) or 'no AVX2'}, {cores} cores)"
 
 
 def run_seed(work: Path, seed: int, settings: tuple[str, ...] = (), sft: bool = True) -> None:

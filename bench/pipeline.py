@@ -24,6 +24,17 @@ FILES = ["dvc.yaml", "params.yaml", "conf", "stages", "vgrpo", ".dvc/config", ".
          "data/.gitignore"]
 
 
+def cpu_name() -> str:
+    """The CPU's model name and whether it has AMX / AVX-512 (what changes float sums between kinds)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    extras = [label for flag, label in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+              if flag in flags]
+    cores = sum(line.startswith("processor") for line in info.splitlines())
+    return f"{name} ({', '.join(extras) or 'no AVX2'}, {cores} cores)"
+
+
 def environment(repo: Path) -> dict:
     """The venv on PATH and the clone's own vgrpo first on PYTHONPATH."""
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -75,7 +86,7 @@ def main(repo_path: Path | None) -> None:
     print(f"tiny pipeline, end to end : {wall:7.1f} s  (goal <= 600 s)")
     print(f"peak memory (largest RSS) : {peak_gb:7.2f} GB (goal <= 6 GB)")
     print(f"no-op dvc repro           : {noop:7.2f} s  (goal <= 5 s)")
-    print(f"machine                   : {os.cpu_count()} CPUs")
+    print(f"machine                   : {cpu_name()}")
     if tmp:
         shutil.rmtree(tmp)
 

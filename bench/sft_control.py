@@ -1,7 +1,7 @@
 """The honest control for the CPU run: instead of GRPO, continue the warm start's supervised
 fine-tuning for the same wall time that GRPO took (or for `--steps` steps: with 11 steps of 16 it
-sees about as many answers as the cpu profile's 45 GRPO steps of 4 prompts saw prompts), then answer the same test images
-greedily. If more SFT does as well as GRPO, the GRPO gain is just more training.
+sees about as many answers as the cpu profile's 45 GRPO steps of 4 prompts saw prompts), then answer
+the same test images greedily. If more SFT does as well as GRPO, the GRPO gain is just more training.
 
     .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run     # first: a cpu run to compare with
     .venv/bin/python bench/sft_control.py --repo /tmp/cpu-run

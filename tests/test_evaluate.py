@@ -14,8 +14,8 @@ from conftest import copy_repo, run, stage, tiny_adapter, tiny_params, write_par
 
 from vgrpo import evaluation, generation, models, prompts
 from vgrpo.base import base_model_path
-from vgrpo.rewards import REWARDS
 from vgrpo.config import config_from_dict
+from vgrpo.rewards import REWARDS
 
 PER_MODEL = ["samples", "accuracy", "accuracy_ci95", "format_compliance", "description_rate", "unparseable_rate",
              "mean_reasoning_tokens", "rewards", "accuracy_by_shape", "accuracy_by_count", "attention_on_image",

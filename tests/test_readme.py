@@ -22,6 +22,7 @@ COMMAND = re.compile(r"^(?:\$ )?((?:[A-Z_]+=\S+ )*(?:\.venv/bin/python |python |
 RUN_BY = {
     "./setup.sh": ".ci/run",
     "EXTRAS=gpu ./setup.sh": "tests/test_setup.py",  # a fake nvcc, and none: both builds' commands
+    "PYTHON=python3.12 ./setup.sh": "tests/test_setup.py",  # the interpreter it names, or one line why not
     ".venv/bin/python -m pytest -q": ".ci/run",
     '.venv/bin/python -m pytest -q -m "not slow"': "tests/test_fast_tier.py",
     "dvc exp run -S profile=tiny": "bench/pipeline.py",  # run by the tiny_pipeline fixture (tests/conftest.py)
