@@ -3,7 +3,7 @@
 accuracy of the warm start (greedy, and made to describe), after GRPO, and the SFT control, with the CPU
 named. A float result differs between CPU kinds (rounding in their kernels), and one seed is one draw.
 
-    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds 0 1 2 3 4   # ~20 min a seed on 2 cores
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds 0 1 2 3 4   # ~15 min a seed (AMD EPYC Zen 4)
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --report             # the table from what is there
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-kl --set train.beta=0.3 --no-sft 0 1 2 3 4  # a variant
 
