@@ -1,9 +1,13 @@
 # CUDA image that runs the vgrpo DVC pipeline on a GPU (entrypoint: dvc).
 #
 #   docker build --build-arg USER_UID="$(id -u)" -t vgrpo .
-#   docker run --gpus all --ipc=host -v "$PWD":/workspace -v vgrpo-cache:/home/vgrpo/.cache vgrpo repro
+#   docker run --gpus all --ipc=host -v "$PWD":/workspace -v vgrpo-cache:/home/vgrpo/.cache vgrpo                         # exp run -S profile=full
 #   docker run --gpus all --ipc=host -v "$PWD":/workspace -v vgrpo-cache:/home/vgrpo/.cache vgrpo exp run -S profile=gpu16
-#   docker run --gpus all --ipc=host -v "$PWD":/workspace --entrypoint scripts/gpu_check.sh vgrpo
+#   docker run --gpus all --ipc=host -v "$PWD":/workspace -v vgrpo-cache:/home/vgrpo/.cache --entrypoint scripts/gpu_check.sh vgrpo \
+#       --work /workspace/gpu-check
+#
+# The default command names its profile: `dvc repro` would run whatever params.yaml holds (it does not
+# compose conf/), which after the CPU demo is the tiny profile.
 #
 # Mount your clone at /workspace: DVC needs its .git (kept out of the image by .dockerignore) and
 # writes data/, models/ and reports/ there, so outputs land on the host. The cache volume keeps
@@ -11,7 +15,7 @@
 # USER_UID should be the uid that owns the clone, or the pipeline cannot write to it. --ipc=host:
 # NCCL (train.num_processes > 1) shares memory between processes through /dev/shm, 64 MB by default.
 #
-# CUDA 13.0 (the default): PyPI's torch 2.14.1 is the CUDA 13.0 build, so no second index. The host
+# CUDA 13.0 (the default): PyPI's torch 2.14.1 is the CUDA 13.0 build, so pip's default index serves it. The host
 # needs the NVIDIA Container Toolkit and driver 580 or newer (`nvidia-smi` prints it). CUDA 13 runs
 # Turing (T4, 7.5) and newer. With an older driver (560-579), build the CUDA 12.6 variant:
 #   docker build --build-arg CUDA_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu24.04 \
@@ -59,10 +63,12 @@ ENV VIRTUAL_ENV=/opt/venv \
 
 # torch before the project: pyproject pins the same versions, which the wheels installed here
 # satisfy, so the project install keeps them. Its own layer, so that a pyproject change does not
-# download it again. TORCH_INDEX: PyPI (its torch is the CUDA 13.0 build), or a PyTorch index
-# (.../whl/cu126). The check: torch's CUDA is the image's (CUDA_VERSION comes with the nvidia/cuda image).
-ARG TORCH_INDEX=https://pypi.org/simple
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" \
+# download it again. TORCH_INDEX: empty for pip's default index (PyPI, whose torch is the CUDA 13.0
+# build), or a PyTorch index (.../whl/cu126). The check: torch's CUDA is the image's (CUDA_VERSION comes
+# with the nvidia/cuda image).
+ARG TORCH_INDEX=
+RUN if [ -n "${TORCH_INDEX}" ]; then export PIP_INDEX_URL="${TORCH_INDEX}"; fi \
+    && pip install --no-cache-dir \
     torch==2.14.1 \
     torchvision==0.29.1 \
     && python -c "import os, sys, torch; image = '.'.join(os.environ['CUDA_VERSION'].split('.')[:2]); \
@@ -124,4 +130,4 @@ ENV HF_HOME=/home/vgrpo/.cache/huggingface \
 USER ${USER_UID}:${USER_UID}
 
 ENTRYPOINT ["dvc"]
-CMD ["repro"]
+CMD ["exp", "run", "-S", "profile=full"]

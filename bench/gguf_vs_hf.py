@@ -33,14 +33,18 @@ def main(params_path, merged_dir, gguf_dir, data_dir, quantization, images, max_
     quiet_libraries()
     import torch
 
-    from vgrpo import gguf_runtime as rt
     from vgrpo import models
+    from vgrpo.answers import tokens_per_second
+    from vgrpo.gguf_files import find_gguf_files
+    from vgrpo.hf_reference import hf_answer
+    from vgrpo.llama_runtime import llama_answer, open_llama
+    from vgrpo.smoke import smoke_samples
 
     threads = threads or config.smoke.n_threads
     smoke = dataclasses.replace(config.smoke, n_threads=threads)
     torch.set_num_threads(threads)
-    samples = rt.smoke_samples(Path(data_dir), images)
-    texts, projector = rt.find_gguf_files(Path(gguf_dir))
+    samples = smoke_samples(Path(data_dir), images)
+    texts, projector = find_gguf_files(Path(gguf_dir))
     text = next((t for t in texts if t.file_type == quantization), None)
     if text is None:
         found = ", ".join(t.file_type for t in texts)
@@ -48,19 +52,19 @@ def main(params_path, merged_dir, gguf_dir, data_dir, quantization, images, max_
 
     processor = models.load_processor(merged_dir, config.model)
     model = models.load_model(merged_dir, "float32").eval()
-    rt.hf_answer(model, processor, samples[0]["question"], samples[0]["image"], max_new_tokens)
-    hf = [rt.hf_answer(model, processor, s["question"], s["image"], max_new_tokens) for s in samples]
+    hf_answer(model, processor, samples[0]["question"], samples[0]["image"], max_new_tokens)
+    hf = [hf_answer(model, processor, s["question"], s["image"], max_new_tokens) for s in samples]
     del model
 
-    with rt.open_llama(text, projector, smoke) as (llama, _):
-        rt.llama_answer(llama, samples[0]["question"], samples[0]["image"], max_new_tokens)
-        gguf = [rt.llama_answer(llama, s["question"], s["image"], max_new_tokens) for s in samples]
+    with open_llama(text, projector, smoke) as (llama, _):
+        llama_answer(llama, samples[0]["question"], samples[0]["image"], max_new_tokens)
+        gguf = [llama_answer(llama, s["question"], s["image"], max_new_tokens) for s in samples]
 
     click.echo(f"{len(samples)} images, up to {max_new_tokens} new tokens each, {threads} CPU threads")
     for name, answers in (("transformers float32", hf), (f"llama.cpp {text.path.name}", gguf)):
         tokens, seconds = sum(len(a.token_ids) for a in answers), sum(a.seconds for a in answers)
-        click.echo(f"{name}: {rt.tokens_per_second(answers):.1f} tokens/s ({tokens} tokens in {seconds:.2f} s)")
-    ratio = rt.tokens_per_second(gguf) / rt.tokens_per_second(hf)
+        click.echo(f"{name}: {tokens_per_second(answers):.1f} tokens/s ({tokens} tokens in {seconds:.2f} s)")
+    ratio = tokens_per_second(gguf) / tokens_per_second(hf)
     click.echo(f"speed-up: {ratio:.2f}x ({'meets' if ratio >= 2 else 'misses'} the 2x goal)")
 
 

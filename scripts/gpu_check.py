@@ -1,24 +1,29 @@
 """GPU check: what the first real day on a borrowed GPU needs, in one run, with one JSON summary of every
-case's figures and outcome. It runs on a CPU as well (the test suite runs it there twice, with the tiny
-model and with a hub model from a local stand-in), where each CUDA-only case is skipped with one line.
+case's figures and outcome. It runs on a CPU as well, every case a CPU can run (the test suite runs it
+there twice, with the tiny model and with a hub model from a local stand-in); a case a CPU cannot run
+(Unsloth, float16, two GPUs) is skipped with one line that says why.
 
     scripts/gpu_check.sh                                         # the tiny model, built here
     MODEL=Qwen/Qwen3-VL-8B-Instruct scripts/gpu_check.sh         # a hub model, downloaded by the base stage
-    scripts/gpu_check.sh --work /tmp/check --steps 2             # where it works, GRPO steps per case
+    scripts/gpu_check.sh --work /workspace/gpu-check --steps 2   # where it works (default: gpu-check/ in the clone)
 
-Cases, each a real run of the stage scripts (stages/*.py) on the check's small data (the tiny profile's
-sizes; the model, dtype, backend and 4-bit set per case):
-- train: backend hf and unsloth, in the GPU's 16-bit dtype (bf16 where native, else fp16), also in fp16
-  where bf16 is native, and in 4-bit; two processes (DDP) when there are two GPUs. On a CPU: hf, float32.
-- downstream: evaluate, export and smoke on the adapter of hf 16-bit, unsloth 16-bit and hf 4-bit (on a
-  CPU: hf float32).
+Cases, each a real run of the stage scripts (stages/*.py) with params composed from conf/ as `dvc exp run`
+composes them: for the tiny model its `tiny` profile; for a hub model profile `full` (16-bit cases) or
+`gpu16` (4-bit cases), with only the steps, samples and images cut (completions and evaluation tokens stay
+the profile's, so tagged answers are not truncated; the merge stays bfloat16):
+- train: backend hf and unsloth, in the machine's 16-bit dtype (bf16 where native and on a CPU, else
+  fp16), also in fp16 where bf16 is native, and in 4-bit; two processes (DDP) when there are two GPUs;
+  on a CPU also hf in float32. A case passes when the adapter moved, the vision tower's LoRA included
+  when it trains (train.vision_lr_scale > 0): the largest lora_B per tower is recorded.
+- downstream: evaluate, export and smoke on the adapter of hf float32 (CPU), hf 16-bit, unsloth 16-bit
+  and hf 4-bit.
 - dvc: `dvc exp run` in a `git clone` of this repo (its last commit), profile full and gpu16 for a hub
   model, tiny for the tiny model, with train.max_steps STEPS, backend auto and small evaluate/smoke
-  samples. CUDA only: on a CPU, the pipeline's own tests run the tiny profile under DVC.
+  samples.
 Outcomes: passed; failed (with the log's last line); does not fit (the stage's one-line memory stop,
-vgrpo.memory); skipped (why). Figures: seconds, seconds per GRPO step, peak VRAM, evaluate's samples/s,
-smoke's gate, the GPU memory freed before llama.cpp and its layers on the GPU. Summary: WORK/summary.json.
-Exit 1 when a case failed.
+vgrpo.memory, wherever it shows in the log); skipped (why). Figures: seconds, seconds per GRPO step, peak
+VRAM, evaluate's samples/s, smoke's gate, the GPU memory freed before llama.cpp and its layers on the GPU.
+Summary: WORK/summary.json. Exit 1 when a case failed.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from vgrpo.config import compose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SAMPLES = 8  # per split: enough to run every code path, quick on a CPU
+MEMORY_STOP = "is planned at"  # in vgrpo.memory's one-line stop: the case does not fit this GPU
 
 
 def device_info() -> dict:
@@ -66,15 +72,19 @@ class Check:
     # --- params -----------------------------------------------------------------------------------
 
     def params(self, name: str, overrides: dict[str, object]) -> Path:
-        """params.yaml of the tiny profile (the check's sizes) with the model under test and `overrides`
-        ("group.key": value), composed from conf/ as `dvc exp run -S profile=tiny -S ...` would."""
+        """params.yaml for a case, composed from conf/ as `dvc exp run -S profile=... -S ...` would: the tiny
+        model's `tiny` profile, or for a hub model `gpu16` when the case loads 4-bit weights and `full`
+        otherwise, with the check's steps, samples and images, and `overrides` ("group.key": value)."""
         settings = {"train.max_steps": self.steps, "train.save_steps": 1000, "train.eval_steps": 0,
                     **{f"evaluate.max_samples.{split}": EVAL_SAMPLES for split in ("val", "test", "ood")},
-                    "evaluate.attention_samples": 1}
-        if self.model != "tiny":  # a hub model: no warm start (that is for the model built here)
+                    "evaluate.attention_samples": 1, "smoke.num_images": EVAL_SAMPLES}
+        profile = "tiny"
+        if self.model != "tiny":  # a hub model: its recipe's profile, on few images (no warm start: that is the tiny's)
+            profile = "gpu16" if overrides.get("train.load_in_4bit") else "full"
             settings.update({"model.name": self.model, "model.revision": self.revision, "base.sft_steps": 0,
-                             "generate.warmup_size": 0})
-        raw = compose("tiny", [f"{key}={json.dumps(value)}" for key, value in {**settings, **overrides}.items()])
+                             "generate.warmup_size": 0, "generate.train_size": 4 * self.steps,
+                             **{f"generate.{split}_size": EVAL_SAMPLES for split in ("val", "test", "ood")}})
+        raw = compose(profile, [f"{key}={json.dumps(value)}" for key, value in {**settings, **overrides}.items()])
         path = self.work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         return path
@@ -82,7 +92,9 @@ class Check:
     # --- running ----------------------------------------------------------------------------------
 
     def run(self, case: str, command: list[str], cwd: Path = ROOT) -> tuple[bool, str]:
-        """Run a command, its output appended to logs/CASE.log; (success, last line of its stderr)."""
+        """Run a command, its output appended to logs/CASE.log; (success, the line that says why it failed:
+        a memory stop wherever it is, as `dvc exp run` prints its own ERROR after the stage's, else the
+        last line of its stderr)."""
         log = self.work / "logs" / f"{case}.log"
         with log.open("a") as out:
             out.write(f"$ {shlex.join(command)}\n")
@@ -91,7 +103,8 @@ class Check:
             result = subprocess.run(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
             out.write(result.stderr)
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-        return result.returncode == 0, lines[-1] if lines else f"exit {result.returncode}"
+        why = next((line for line in lines if MEMORY_STOP in line), lines[-1] if lines else f"exit {result.returncode}")
+        return result.returncode == 0, why
 
     def stage(self, case: str, name: str, params: Path, *args: str) -> tuple[bool, str]:
         return self.run(case, [self.python, str(ROOT / "stages" / f"{name}.py"), "--params", str(params), *args])
@@ -107,7 +120,7 @@ class Check:
         """Record a failure (or a memory stop) and say so; True when the case cannot go on."""
         if ok:
             return False
-        outcome = "does not fit" if "is planned at" in line else "failed"
+        outcome = "does not fit" if MEMORY_STOP in line else "failed"
         self.record(case, kind, outcome, reason=line.removeprefix("error: "), seconds=round(time.time() - start, 1),
                     log=str(self.work / "logs" / f"{case}.log"))
         return True
@@ -141,10 +154,17 @@ class Check:
         if self.failed(case, "train", ok, line, start):
             return False
         m = json.loads((out / "reports/train/metrics.json").read_text())
-        outcome = "passed" if m["adapter_changed"] else "failed"  # a run that moved nothing did not train
+        config = yaml.safe_load(params.read_text())["train"]
+        towers = m["adapter_max_lora_b_by_tower"]
+        vision_trains = config["finetune_vision_layers"] and config["vision_lr_scale"] > 0
+        # a run that moved nothing did not train; nor did one whose vision LoRA stayed at zero while it should learn
+        outcome = "passed" if m["adapter_changed"] and (towers["vision"] > 0 or not vision_trains) else "failed"
         self.record(case, "train", outcome, backend=m["backend"], dtype=m["dtype"], load_in_4bit=m["load_in_4bit"],
                     world_size=m["world_size"], steps=m["steps"], seconds_per_step=m["seconds_per_step"],
                     peak_vram_gb=m["peak_vram_gb"], adapter_changed=m["adapter_changed"],
+                    max_lora_b_language=towers["language"], max_lora_b_vision=towers["vision"],
+                    reason=None if outcome == "passed" else "the adapter did not move" if not m["adapter_changed"]
+                    else "the vision tower's LoRA did not move (train.vision_lr_scale > 0)",
                     seconds=round(time.time() - start, 1))
         return outcome == "passed"
 
@@ -199,14 +219,37 @@ class Check:
                     seconds=round(time.time() - start, 1))
 
 
+def train_cases(device: dict) -> dict[str, tuple[dict, str]]:
+    """Each training case: its overrides, and why this machine cannot run it ("" when it can)."""
+    cuda, native = device["cuda"], device.get("native_bf16", False)
+    sixteen = "bfloat16" if native or not cuda else "float16"  # a CPU runs bfloat16, not float16
+    cases = {"hf-float32": ({"train.backend": "hf", "model.dtype": "float32"},
+                            "the GPU runs the 16-bit cases" if cuda else "")}
+    for backend in ("hf", "unsloth"):
+        gpu = {"train.backend": backend, "train.optim": "adamw_8bit", "train.gradient_checkpointing": True}
+        unsloth = "Unsloth needs CUDA" if backend == "unsloth" and not cuda else ""
+        cases[f"{backend}-16bit"] = ({**gpu, "model.dtype": sixteen}, unsloth)
+        cases[f"{backend}-fp16"] = ({**gpu, "model.dtype": "float16"}, unsloth or (
+            "float16 needs CUDA (a CPU runs the bfloat16 case)" if not cuda
+            else "" if native else f"{backend}-16bit is float16 here"))
+        cases[f"{backend}-4bit"] = ({**gpu, "model.dtype": "auto", "train.load_in_4bit": True}, unsloth)
+    cases["hf-ddp-2gpu"] = ({"train.backend": "hf", "model.dtype": "auto", "train.optim": "adamw_8bit",
+                             "train.num_processes": 2, "train.accelerate_config": "ddp"},
+                            "" if device.get("count", 0) >= 2 else "needs two GPUs")
+    return cases
+
+
 @click.command()
-@click.option("--work", "work_dir", default="/tmp/vgrpo-gpu-check", show_default=True, help="Where it works.")
+@click.option("--work", "work_dir", default=str(ROOT / "gpu-check"), show_default="gpu-check/ in this clone",
+              help="Where it works: on the host's disk (in Docker, under the mounted /workspace).")
 @click.option("--steps", default=5, show_default=True, help="GRPO steps per training case.")
 @click.option("--model", default=lambda: os.environ.get("MODEL", "tiny"), show_default="$MODEL or tiny",
               help="tiny, or a hub id (downloaded by the base stage).")
 @click.option("--revision", default=lambda: os.environ.get("REVISION"), help="Hub revision (default: params.yaml's "
               "model.revision for the model it names, else main).")
-def main(work_dir: str, steps: int, model: str, revision: str | None) -> None:
+@click.option("--skip", "skipped", multiple=True, metavar="CASE",
+              help="Leave this case out (repeatable), e.g. dvc-tiny where the pipeline's tests already run it.")
+def main(work_dir: str, steps: int, model: str, revision: str | None, skipped: tuple[str, ...]) -> None:
     """Run every case this machine can, print one line each, write WORK/summary.json."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -217,41 +260,30 @@ def main(work_dir: str, steps: int, model: str, revision: str | None) -> None:
     click.echo(f"device: {device.get('name', 'CPU (no CUDA)')}, model: {model}"
                + ("" if model == "tiny" else f"@{revision}") + f", {steps} GRPO steps a case")
     started = time.time()
+
+    def why_not(case: str, reason: str) -> str:
+        return "left out by --skip" if case in skipped else reason
+
     if check.data_and_base():
-        cuda, native = device["cuda"], device.get("native_bf16", False)
-        sixteen = "bfloat16" if native else "float16"
-        no_cuda = "needs CUDA"
-        trains = {"hf-float32": ({"train.backend": "hf", "model.dtype": "float32", "train.optim": "adamw_torch"},
-                                 "" if not cuda else "the GPU runs the 16-bit cases")}
-        for backend in ("hf", "unsloth"):
-            gpu = {"train.backend": backend, "train.optim": "adamw_8bit", "train.gradient_checkpointing": True}
-            trains[f"{backend}-16bit"] = ({**gpu, "model.dtype": sixteen}, "" if cuda else no_cuda)
-            trains[f"{backend}-fp16"] = ({**gpu, "model.dtype": "float16"},
-                                         no_cuda if not cuda else "" if native else f"{backend}-16bit is float16 here")
-            trains[f"{backend}-4bit"] = ({**gpu, "model.dtype": "auto", "train.load_in_4bit": True},
-                                        "" if cuda else no_cuda)
-        trains["hf-ddp-2gpu"] = ({"train.backend": "hf", "model.dtype": "auto", "train.optim": "adamw_8bit",
-                                  "train.num_processes": 2, "train.accelerate_config": "ddp"},
-                                 "" if device.get("count", 0) >= 2 else "needs two GPUs")
         trained = set()
-        for case, (overrides, why_not) in trains.items():
-            if why_not:
-                check.skip(case, "train", why_not)
+        for case, (overrides, reason) in train_cases(device).items():
+            if why_not(case, reason):
+                check.skip(case, "train", why_not(case, reason))
             elif check.train(case, overrides):
                 trained.add(case)
         for source in ("hf-float32", "hf-16bit", "unsloth-16bit", "hf-4bit"):
             case = f"downstream-{source}"
-            if source in trained:
+            reason = why_not(case, "" if source in trained else f"no adapter from {source}")
+            if reason:
+                check.skip(case, "downstream", reason)
+            else:
                 check.downstream(case, source)
+        for profile in ("tiny",) if model == "tiny" else ("full", "gpu16"):
+            case = f"dvc-{profile}"
+            if case in skipped:
+                check.skip(case, "dvc", "left out by --skip")
             else:
-                check.skip(case, "downstream", f"no adapter from {source}")
-        profiles = ("tiny",) if model == "tiny" else ("full", "gpu16")
-        for profile in profiles:
-            if cuda:
                 check.dvc(profile)
-            else:
-                check.skip(f"dvc-{profile}", "dvc", f"{no_cuda} (profile {profile} on a CPU: the test suite runs "
-                           "the tiny profile under DVC)")
     failed = [c["case"] for c in check.cases if c["outcome"] == "failed"]
     summary = {"device": device, "model": model, "revision": None if model == "tiny" else revision, "steps": steps,
                "seconds": round(time.time() - started, 1), "passed": not failed, "cases": check.cases}

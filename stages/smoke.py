@@ -33,7 +33,7 @@ def main(params_path, merged_dir, gguf_dir, data_dir, predictions_path, reports_
         config = load_config(params_path)
         quiet_libraries()
         from vgrpo.devices import load_dtype
-        from vgrpo.gguf_runtime import run_smoke
+        from vgrpo.smoke import run_smoke
 
         dtype = load_dtype(config.model, config.train)
         metrics, failures = run_smoke(config, dtype, Path(merged_dir), Path(gguf_dir), Path(data_dir),

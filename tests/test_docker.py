@@ -1,6 +1,6 @@
 """The CUDA Docker image. No Docker engine runs here, so the image is never built: hadolint lints the
 Dockerfile, and these checks keep it consistent with pyproject.toml (one place for versions), with the
-image's contract (a CUDA devel base whose CUDA torch has wheels for, non-root, `dvc repro`), with the
+image's contract (a CUDA devel base whose CUDA torch has wheels for, non-root, `dvc exp run -S profile=full`), with the
 driver the docs name, and with dvc.yaml's outputs
 (kept out of the build context). Each check is a function that returns its problems, and each is
 also run on a broken copy to show that it notices."""
@@ -38,7 +38,7 @@ BASE_IMAGE = re.compile(r"nvidia/cuda:(\d+\.\d+)\.\d+-(?:cudnn-)?devel-ubuntu\d{
 # - CUDA 13 drops GPUs below Turing: 7.5 (T4) is the oldest it builds for (PyTorch's cu130 wheels:
 #   TORCH_CUDA_ARCH_LIST 7.5 ... 12.0+PTX).
 CUDA_BUILDS = {
-    "13.0": {"torch_index": "https://pypi.org/simple", "wheel": "cu130", "driver": 580},
+    "13.0": {"torch_index": "", "wheel": "cu130", "driver": 580},  # "": pip's default index, PyPI
     "12.6": {"torch_index": "https://download.pytorch.org/whl/cu126", "wheel": "cu126", "driver": 560},
 }
 DEFAULT_CUDA = "13.0"
@@ -166,7 +166,8 @@ def structure_problems(dockerfile_text: str) -> list[str]:
     """The image's contract: a CUDA devel base pinned by tag; torch checked against the image's CUDA at
     build time, and llama-cpp-python built with CUDA, both before the project (so its install keeps them); the
     project with its gpu extra, into the venv on PATH; a non-root user after the installs;
-    WORKDIR /workspace; `dvc repro`; HF_HOME and PYTHONUNBUFFERED."""
+    WORKDIR /workspace; `dvc exp run -S profile=full` (`dvc repro` would not compose conf/); HF_HOME and
+    PYTHONUNBUFFERED."""
     instrs = instructions(dockerfile_text)
     problems = []
     keywords = [keyword for keyword, _ in instrs]
@@ -233,7 +234,7 @@ def structure_problems(dockerfile_text: str) -> list[str]:
     workdirs = [rest for keyword, rest in instrs if keyword == "WORKDIR"]
     if not workdirs or workdirs[-1] != "/workspace":
         problems.append(f"WORKDIR is {workdirs[-1] if workdirs else None}, not /workspace")
-    for keyword, want in (("ENTRYPOINT", ["dvc"]), ("CMD", ["repro"])):
+    for keyword, want in (("ENTRYPOINT", ["dvc"]), ("CMD", ["exp", "run", "-S", "profile=full"])):
         values = [rest for kw, rest in instrs if kw == keyword]
         try:
             got = json.loads(values[-1]) if values else None
@@ -244,6 +245,10 @@ def structure_problems(dockerfile_text: str) -> list[str]:
     if keywords.count("FROM") != 1:
         problems.append(f"{keywords.count('FROM')} FROM lines: these checks read a single-stage build")
     return problems
+
+
+def index_name(index: str) -> str:
+    return index or "pip's default index"
 
 
 def cuda_pairing_problems(dockerfile_text: str, readme_text: str) -> list[str]:
@@ -262,8 +267,8 @@ def cuda_pairing_problems(dockerfile_text: str, readme_text: str) -> list[str]:
             return
         build = CUDA_BUILDS[cuda]
         if index != build["torch_index"]:
-            problems.append(f"{what}: CUDA {cuda} takes torch from {build['torch_index']} ({build['wheel']}), "
-                            f"not {index}")
+            problems.append(f"{what}: CUDA {cuda} takes torch from {index_name(build['torch_index'])} "
+                            f"({build['wheel']}), not {index_name(index)}")
         for where, text in driver_texts.items():
             if text is None or not re.search(rf"\b{build['driver']}\b", text):
                 problems.append(f"{what}: {where} does not name driver {build['driver']} for CUDA {cuda}")
@@ -426,7 +431,7 @@ def test_pins_check_reads_pyproject(dockerfile, pyproject):
 
 def test_pins_check_reports_missing_and_unknown_pins(dockerfile, pyproject):
     broken = mutate(dockerfile, "torchvision==0.29.1", "torchvision")
-    broken = mutate(broken, "--no-cache-dir --index-url", "--no-cache-dir six==1.17.0 --index-url")
+    broken = mutate(broken, "--no-cache-dir \\\n    torch==", "--no-cache-dir six==1.17.0 \\\n    torch==")
     assert pin_mismatches(broken, pyproject) == ["torchvision: not pinned in the Dockerfile",
                                                  "six: pinned in the Dockerfile but not in pyproject.toml"]
 
@@ -456,7 +461,7 @@ BREAKAGES = [
     ("USER ${USER_UID}:${USER_UID}\n", "", "no USER"),
     ("WORKDIR /workspace", "WORKDIR /app", "WORKDIR"),
     ('ENTRYPOINT ["dvc"]', 'ENTRYPOINT ["python"]', "ENTRYPOINT"),
-    ('CMD ["repro"]', "CMD repro", "CMD"),
+    ('CMD ["exp", "run", "-S", "profile=full"]', 'CMD ["repro"]', "CMD"),
 ]
 
 
@@ -468,7 +473,7 @@ def test_structure_check_notices(dockerfile, old, new, expected):
 
 def test_structure_check_notices_install_order(dockerfile):
     """torch moved after the project install, and the USER moved before the installs."""
-    torch_run = re.search(r"^RUN pip install[^\n]*--index-url[^\n]*\n(?:[^\n]*\n)*?\n", dockerfile, re.M)
+    torch_run = re.search(r"^RUN [^\n]*TORCH_INDEX[^\n]*\n(?:[^\n]*\n)*?\n", dockerfile, re.M)
     assert torch_run, "the torch RUN is no longer recognisable: update this test"
     moved = dockerfile.replace(torch_run[0], "").replace("ENV HF_HOME=", torch_run[0] + "ENV HF_HOME=")
     assert any("torch is installed after the project" in p for p in structure_problems(moved))
@@ -486,8 +491,8 @@ def test_image_cuda_torch_wheels_and_driver_agree(dockerfile):
 @pytest.mark.parametrize(("old", "new", "expected"), [
     ("CUDA_IMAGE=nvidia/cuda:13.0.2-devel", "CUDA_IMAGE=nvidia/cuda:12.8.1-devel",
      "default image: nvidia/cuda:12.8.1-devel-ubuntu24.04 has CUDA 12.8, for which torch 2.14 publishes no wheels"),
-    ("ARG TORCH_INDEX=https://pypi.org/simple\n", "ARG TORCH_INDEX=https://download.pytorch.org/whl/cu126\n",
-     "default image: CUDA 13.0 takes torch from https://pypi.org/simple (cu130), not "
+    ("ARG TORCH_INDEX=\n", "ARG TORCH_INDEX=https://download.pytorch.org/whl/cu126\n",
+     "default image: CUDA 13.0 takes torch from pip's default index (cu130), not "
      "https://download.pytorch.org/whl/cu126"),
     ("driver 580 or newer", "driver 570 or newer",
      "default image: the Dockerfile does not name driver 580 for CUDA 13.0"),
@@ -506,7 +511,7 @@ def test_pypi_torch_is_the_cuda_13_0_build():
 
     pins = pyproject_pins(tomllib.loads((ROOT / "pyproject.toml").read_text()))
     assert torch.__version__.split("+")[0] == pins["torch"]
-    assert torch.version.cuda == DEFAULT_CUDA and CUDA_BUILDS[DEFAULT_CUDA]["torch_index"] == "https://pypi.org/simple"
+    assert torch.version.cuda == DEFAULT_CUDA and CUDA_BUILDS[DEFAULT_CUDA]["torch_index"] == ""  # PyPI
 
 
 def test_llama_cpp_kernels_cover_t4_to_h100(dockerfile):

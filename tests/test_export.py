@@ -15,7 +15,7 @@ from conftest import stage, tiny_adapter, tiny_params, write_params
 
 from vgrpo import export, models
 from vgrpo.config import QUANTIZATIONS, config_from_dict
-from vgrpo.gguf_runtime import GGUFError, k_quant_share, read_gguf
+from vgrpo.gguf_files import GGUFError, k_quant_share, read_gguf
 
 STEM = "Qwen3-VL-tiny-shapes-grpo"  # llama.cpp's naming convention (vgrpo.export.gguf_name)
 

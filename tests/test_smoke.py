@@ -16,13 +16,17 @@ import numpy as np
 import pytest
 from conftest import ROOT, stage, tiny_adapter, tiny_params, write_params
 
-from vgrpo import gguf_runtime as rt
+from vgrpo import gguf_files, hf_reference, llama_runtime
+from vgrpo import smoke as gate
+from vgrpo.answers import Answer, Forced, Run, likely_tokens, likely_tv, logprob_diff
 from vgrpo.config import ConfigError, config_from_dict
 
 STEM = "Qwen3-VL-tiny-shapes-grpo"  # llama.cpp's naming convention (vgrpo.export.gguf_name)
 # One thread: this machine has two cores, shared with whatever else runs.
 SMOKE = {"n_threads": 1}
 EVALUATE = {"splits": ["test"], "max_samples": {"test": 8}, "attention_samples": 0}  # the smoke images
+TIGHT = gate.TOLERANCES[("float32", "unquantized")]  # a float32 reference against an F16 file
+LOOSE = gate.TOLERANCES[("float32", "quantized")]
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +78,10 @@ def test_a_model_kept_alive_by_a_caller_is_reported_as_not_released(exported, mo
     """The measure can fail: a reference kept outside run_hf (as the landed code's own `model` variable
     was) shows as model_released false."""
     kept = []
-    load_model = rt.models.load_model
-    monkeypatch.setattr(rt.models, "load_model", lambda *a, **k: kept.append(load_model(*a, **k)) or kept[-1])
-    samples = rt.smoke_samples(exported.root / "shapes", 2)
-    _, freed = rt.run_hf(exported.root / "merged", exported.config, "float32", samples)
+    load_model = hf_reference.models.load_model
+    monkeypatch.setattr(hf_reference.models, "load_model", lambda *a, **k: kept.append(load_model(*a, **k)) or kept[-1])
+    samples = gate.smoke_samples(exported.root / "shapes", 2)
+    _, freed = hf_reference.run_hf(exported.root / "merged", exported.config, "float32", samples)
     assert freed["model_released"] is False and kept
 
 
@@ -86,10 +90,10 @@ def test_llama_cpp_layers_on_the_gpu(exported):
     """auto: none without a GPU (this machine); a number is used as given."""
     import dataclasses
 
-    texts, projector = rt.find_gguf_files(exported.root / "gguf")
+    texts, projector = gguf_files.find_gguf_files(exported.root / "gguf")
     params = exported.config.smoke
-    assert params.n_gpu_layers == "auto" and rt.gpu_layers(texts[0], projector, params) == 0
-    assert rt.gpu_layers(texts[0], projector, dataclasses.replace(params, n_gpu_layers=7)) == 7
+    assert params.n_gpu_layers == "auto" and llama_runtime.gpu_layers(texts[0], projector, params) == 0
+    assert llama_runtime.gpu_layers(texts[0], projector, dataclasses.replace(params, n_gpu_layers=7)) == 7
     assert {t.layers for t in texts} == {2}  # the tiny model's block count, from the header
 
 
@@ -152,8 +156,9 @@ def test_a_broken_projector_fails_the_stage(how, exported, tmp_path):
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: smoke: ")]
     text = broken / f"{STEM}-F16.gguf"
-    assert any(re.fullmatch(rf"error: smoke: {re.escape(str(text))}: projector_error [0-9.e+]+ > 0.05 "
-                            r"\(smoke.max_projector_error\)", line) for line in errors), errors
+    assert any(re.fullmatch(rf"error: smoke: {re.escape(str(text))}: projector_error [0-9.e+]+ > "
+                            rf"{TIGHT.projector_error:.4g} \(float32 reference, unquantized file\)", line)
+               for line in errors), errors
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())  # kept for the post-mortem
     error = metrics["files"][f"{STEM}-F16.gguf"]["projector_error"]
     assert error == pytest.approx(1.0) if how == "zeros" else error > 0.1
@@ -174,8 +179,8 @@ def test_a_projector_that_ignores_the_image_fails_on_image_sensitivity(exported,
     assert any(re.fullmatch(rf"error: smoke: {re.escape(str(text))}: image_sensitivity 0 < [0-9.e-]+ "
                             r"\(smoke.min_image_sensitivity_ratio\)", line)
                for line in result.stderr.splitlines()), result.stderr[-2000:]
-    assert any(re.fullmatch(rf"error: smoke: {re.escape(str(text))}: projector_error 1 > 0.05 "
-                            r"\(smoke.max_projector_error\)", line) for line in result.stderr.splitlines())
+    assert any(re.fullmatch(rf"error: smoke: {re.escape(str(text))}: projector_error 1 > {TIGHT.projector_error:.4g} "
+                            r"\(float32 reference, unquantized file\)", line) for line in result.stderr.splitlines())
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())  # kept for the post-mortem
     assert metrics["files"][f"{STEM}-F16.gguf"]["image_sensitivity"] == 0 < metrics["hf"]["image_sensitivity"]
     assert metrics["files"][f"{STEM}-F16.gguf"]["projector_error"] == pytest.approx(1.0)
@@ -211,7 +216,8 @@ def test_an_export_whose_counts_are_all_wrong_fails_though_its_template_agrees(e
     assert result.returncode == 1, result.stderr[-3000:]
     text = gguf_dir / f"{STEM}-F16.gguf"
     errors = [line for line in result.stderr.splitlines() if line.startswith(f"error: smoke: {text}: ")]
-    assert any(re.search(r": count_agreement 0 < 0.95 \(smoke.min_f16_count_agreement\)$", e) for e in errors), errors
+    expected = rf": count_agreement 0 < {TIGHT.count_agreement:.4g} \(float32 reference, unquantized file\)$"
+    assert any(re.search(expected, e) for e in errors), errors
     assert any("answer_agreement" in e for e in errors), errors
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())["files"][text.name]
     assert metrics["template_agreement"] >= 0.8 and metrics["count_agreement"] == 0
@@ -234,7 +240,8 @@ def test_a_merge_that_dropped_the_adapter_stops_smoke_before_llama_cpp(exported,
     assert result.returncode == 2, result.stderr[-3000:]
     line = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(rf"error: {re.escape(str(merged))}: the merged model answers \d of 8 smoke images as "
-                        r"evaluate's trained model did \([0-9.]+ < 0.9, smoke.min_evaluated_agreement; test-\d{5}: \d "
+                        rf"evaluate's trained model did \([0-9.]+ < {TIGHT.evaluated_agreement:g}, the bound for a "
+                        r"float32 reference; test-\d{5}: \d "
                         r"here, \d in evaluate\): the merge is not the evaluated model \(a dropped adapter or LoRA "
                         r"module\?\)", line)
     assert not (tmp_path / "reports").exists()
@@ -264,23 +271,24 @@ def test_a_corrupted_quantized_file_fails_the_stage(exported, tmp_path):
                    *smoke_args(exported.root, gguf=gguf_dir, reports=tmp_path / "reports"))
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith(f"error: smoke: {quantized}: ")]
-    assert errors and all("(smoke.min_quant_" in line or "(smoke.max_quant_" in line for line in errors), errors
+    assert errors and all(line.endswith(("(float32 reference, quantized file)", "(smoke.max_quant_accuracy_drop)"))
+                          for line in errors), errors
     assert not any(str(gguf_dir / f"{STEM}-F16.gguf") in line for line in result.stderr.splitlines())
 
 
 @pytest.mark.slow
 def test_token_ids_are_the_ones_llama_cpp_generated_and_forcing_follows_the_reference(exported):
-    texts, projector = rt.find_gguf_files(exported.root / "gguf")
-    sample = rt.smoke_samples(exported.root / "shapes", 1)[0]
+    texts, projector = gguf_files.find_gguf_files(exported.root / "gguf")
+    sample = gate.smoke_samples(exported.root / "shapes", 1)[0]
     question, image = sample["question"], sample["image"]
-    with rt.open_llama(texts[0], projector, exported.config.smoke) as (llama, load_seconds):
-        answer = rt.llama_answer(llama, question, image, 8)
+    with llama_runtime.open_llama(texts[0], projector, exported.config.smoke) as (llama, load_seconds):
+        answer = llama_runtime.llama_answer(llama, question, image, 8)
         text = llama.detokenize(answer.token_ids).decode("utf-8", errors="ignore")
         reference = llama.tokenize(b" There are 3 circles here.", add_bos=False)
-        plain = rt.llama_forced(llama, question, image, reference, count_at=None)
+        plain = llama_runtime.llama_forced(llama, question, image, reference, count_at=None)
         followed = llama.input_ids[llama.n_tokens - len(reference) + 1:llama.n_tokens].tolist()
-        forced = rt.llama_forced(llama, question, image, reference, count_at=3)
-        own = rt.llama_forced(llama, question, image, answer.token_ids, count_at=None)
+        forced = llama_runtime.llama_forced(llama, question, image, reference, count_at=3)
+        own = llama_runtime.llama_forced(llama, question, image, answer.token_ids, count_at=None)
     assert len(answer.token_ids) == 8 and load_seconds > 0
     assert text == answer.text
     assert answer.first_logprobs.shape == (151936,) and abs(np.exp(answer.first_logprobs).sum() - 1) < 1e-6
@@ -296,26 +304,26 @@ def test_token_ids_are_the_ones_llama_cpp_generated_and_forcing_follows_the_refe
 def test_projector_embeddings_match_transformers_token_by_token(exported):
     from vgrpo import models
 
-    texts, projector = rt.find_gguf_files(exported.root / "gguf")
-    image = rt.smoke_samples(exported.root / "shapes", 1)[0]["image"]
+    texts, projector = gguf_files.find_gguf_files(exported.root / "gguf")
+    image = gate.smoke_samples(exported.root / "shapes", 1)[0]["image"]
     model = models.load_model(str(exported.root / "merged"), "float32").eval()
     processor = models.load_processor(str(exported.root / "merged"), exported.config.model)
-    reference = rt.hf_image_embeddings(model, processor, image)
-    with rt.open_llama(texts[0], projector, exported.config.smoke) as (llama, _):
-        embeddings = rt.llama_image_embeddings(llama, image)
+    reference = hf_reference.hf_image_embeddings(model, processor, image)
+    with llama_runtime.open_llama(texts[0], projector, exported.config.smoke) as (llama, _):
+        embeddings = llama_runtime.llama_image_embeddings(llama, image)
     assert embeddings.shape == reference.shape == (64, 2 * 256)  # 64 image tokens; main + one deepstack layer
-    assert rt.projector_error([embeddings], [reference]) < 1e-3
-    assert rt.projector_error([np.zeros_like(reference)], [reference]) == 1.0
-    assert rt.projector_error([embeddings[::-1]], [reference]) > 0.1  # the token order matters
+    assert gate.projector_error([embeddings], [reference]) < 1e-3
+    assert gate.projector_error([np.zeros_like(reference)], [reference]) == 1.0
+    assert gate.projector_error([embeddings[::-1]], [reference]) > 0.1  # the token order matters
 
 
 # --- Measures -------------------------------------------------------------------------------------
 
-def run_of(answers: list[list[int]], counts: list[list[int]] | None = None, choices=None) -> rt.Run:
+def run_of(answers: list[list[int]], counts: list[list[int]] | None = None, choices=None) -> Run:
     """A Run of answers with these token ids (and, for llama.cpp, teacher-forced choices)."""
-    made = [rt.Answer("", ids, np.zeros(2), 0.1) for ids in answers]
-    forced = None if choices is None else [rt.Forced(c, None) for c in choices]
-    return rt.Run(made, 0.0, [np.ones((1, 2))] * len(made), forced=forced, count_positions=counts)
+    made = [Answer("", ids, np.zeros(2), 0.1) for ids in answers]
+    forced = None if choices is None else [Forced(c, None) for c in choices]
+    return Run(made, 0.0, [np.ones((1, 2))] * len(made), forced=forced, count_positions=counts)
 
 
 @pytest.mark.parametrize("choices, expected", [
@@ -326,56 +334,121 @@ def run_of(answers: list[list[int]], counts: list[list[int]] | None = None, choi
 ])
 def test_agreement_is_split_between_counts_and_template(choices, expected):
     reference = run_of([[10, 3, 11, 4, 12]], counts=[[1, 3]])
-    assert rt.forced_agreement(run_of([[0]], choices=choices), reference) == expected
+    assert gate.forced_agreement(run_of([[0]], choices=choices), reference) == expected
 
 
 def test_logprob_diff_and_tv_look_at_the_likely_tokens_only():
     moved = [np.log([0.7, 0.1, 0.1, 0.1]), np.log([0.1, 0.7, 0.1, 0.1])]
-    assert rt.logprob_diff(moved[0], moved[0]) == 0
-    assert rt.logprob_diff(moved[1], moved[0]) == pytest.approx(np.log(7))
-    assert rt.likely_tv(moved[0], moved[0]) == 0
-    assert rt.likely_tv(moved[1], moved[0]) == pytest.approx(0.6)
+    assert logprob_diff(moved[0], moved[0]) == 0
+    assert logprob_diff(moved[1], moved[0]) == pytest.approx(np.log(7))
+    assert likely_tv(moved[0], moved[0]) == 0
+    assert likely_tv(moved[1], moved[0]) == pytest.approx(0.6)
     # A tail token (p 1e-5 in the reference) moved 100-fold, as a bf16 reference moves it: not counted.
     reference = np.log([0.6, 0.39999, 0.00001])
     tail_moved = np.log([0.6, 0.399, 0.001])
-    assert rt.logprob_diff(tail_moved, reference) == pytest.approx(np.log(0.39999 / 0.399))
-    assert list(rt.likely_tokens(reference)) == [0, 1]
+    assert logprob_diff(tail_moved, reference) == pytest.approx(np.log(0.39999 / 0.399))
+    assert list(likely_tokens(reference)) == [0, 1]
 
 
 def test_two_answers_without_a_number_do_not_agree():
     def answer(text):
-        return rt.Answer(text, [1], np.zeros(2), 0.1)
+        return Answer(text, [1], np.zeros(2), 0.1)
 
-    reference = rt.Run([answer("no idea"), answer("<SOLUTION>3</SOLUTION>")], 0.0, [np.ones((1, 2))] * 2,
+    reference = Run([answer("no idea"), answer("<SOLUTION>3</SOLUTION>")], 0.0, [np.ones((1, 2))] * 2,
                        count_positions=[[], []])
-    run = rt.Run([answer("still no idea"), answer("3")], 0.0, [np.ones((1, 2))] * 2,
-                 forced=[rt.Forced([1], None)] * 2)
-    assert rt.parity(run, reference)["answer_agreement"] == 0.5
+    run = Run([answer("still no idea"), answer("3")], 0.0, [np.ones((1, 2))] * 2,
+                 forced=[Forced([1], None)] * 2)
+    assert gate.parity(run, reference)["answer_agreement"] == 0.5
 
 
-def test_gates_name_file_measure_value_and_threshold():
-    smoke = {"min_image_sensitivity": 0.1, "min_image_sensitivity_ratio": 0.5}
+GOOD = {"count_agreement": 1.0, "count_tv": 0.001, "answer_agreement": 1.0, "trained_agreement": 1.0,
+        "first_token_logprob_diff": 0.001, "image_sensitivity": 0.3, "projector_error": 2e-4, "accuracy": 0.5}
+
+
+def test_gates_name_file_measure_value_and_where_the_bound_comes_from():
+    smoke = {"min_image_sensitivity": 0.1, "min_image_sensitivity_ratio": 0.5, "max_quant_accuracy_drop": 0.25}
     params = config_from_dict(tiny_params(smoke=smoke)).smoke
-    good = {"count_agreement": 1.0, "count_tv": 0.001, "answer_agreement": 1.0, "first_token_logprob_diff": 0.001,
-            "image_sensitivity": 0.3, "projector_error": 2e-4, "accuracy": 0.5}
-    files = {"a": {**good, "path": "g/a-F16.gguf", "file_type": "f16", "count_agreement": 0.25},
-             "b": {**good, "path": "g/b-Q4_K_M.gguf", "file_type": "q4_k_m", "answer_agreement": 0.25,
-                   "count_tv": 0.3, "first_token_logprob_diff": 0.3, "accuracy": 0.0},
-             "c": {**good, "path": "g/c-BF16.gguf", "file_type": "bf16", "projector_error": 0.9,
+    files = {"a": {**GOOD, "path": "g/a-F16.gguf", "file_type": "f16", "count_agreement": 0.25},
+             "b": {**GOOD, "path": "g/b-Q4_K_M.gguf", "file_type": "q4_k_m", "answer_agreement": 0.25,
+                   "count_tv": 0.9, "first_token_logprob_diff": 0.3, "accuracy": 0.0},
+             "c": {**GOOD, "path": "g/c-BF16.gguf", "file_type": "bf16", "projector_error": 0.9,
                    "image_sensitivity": 0.0},
-             "d": {**good, "path": "g/d-Q8_0.gguf", "file_type": "q8_0", "count_agreement": None},
-             "e": {**good, "path": "g/e-Q8_0.gguf", "file_type": "q8_0"}}
-    assert rt.gate_failures(files, {"image_sensitivity": 0.4, "accuracy": 0.5}, params) == [
-        "g/a-F16.gguf: count_agreement 0.25 < 0.95 (smoke.min_f16_count_agreement)",
-        "g/b-Q4_K_M.gguf: count_tv 0.3 > 0.25 (smoke.max_quant_count_tv)",
-        "g/b-Q4_K_M.gguf: answer_agreement 0.25 < 0.8 (smoke.min_quant_answer_agreement)",
+             "d": {**GOOD, "path": "g/d-Q8_0.gguf", "file_type": "q8_0", "count_agreement": None},
+             "e": {**GOOD, "path": "g/e-Q8_0.gguf", "file_type": "q8_0", "trained_agreement": None},
+             "f": {**GOOD, "path": "g/f-F16.gguf", "file_type": "f16", "trained_agreement": 0.5}}
+    reference = {"image_sensitivity": 0.4, "accuracy": 0.5, "precision": "float32"}
+    bf16 = gate.TOLERANCES[("bfloat16", "unquantized")]
+    assert gate.gate_failures(files, reference, params) == [
+        f"g/a-F16.gguf: count_agreement 0.25 < {TIGHT.count_agreement:.4g} (float32 reference, unquantized file)",
+        f"g/b-Q4_K_M.gguf: count_tv 0.9 > {LOOSE.count_tv:.4g} (float32 reference, quantized file)",
+        f"g/b-Q4_K_M.gguf: answer_agreement 0.25 < {LOOSE.answer_agreement:.4g} (float32 reference, quantized file)",
         "g/b-Q4_K_M.gguf: accuracy_drop 0.5 > 0.25 (smoke.max_quant_accuracy_drop)",
+        # a BF16 file is a bfloat16 model, whatever the reference: bfloat16's bounds
+        f"g/c-BF16.gguf: projector_error 0.9 > {bf16.projector_error:.4g} (bfloat16 reference, unquantized file)",
         "g/c-BF16.gguf: image_sensitivity 0 < 0.2 (smoke.min_image_sensitivity_ratio)",
-        "g/c-BF16.gguf: projector_error 0.9 > 0.05 (smoke.max_projector_error)",
         "g/d-Q8_0.gguf: count_agreement: no answer of the merged model states a count, nothing to compare "
-        "(smoke.min_quant_count_agreement)"]
-    blind = rt.gate_failures({}, {"image_sensitivity": 0.01, "accuracy": 0.5}, params)
+        "(float32 reference, quantized file)",
+        # e: base and trained answered alike on every image: nothing to tell apart, not a failure
+        f"g/f-F16.gguf: trained_agreement 0.5 < {TIGHT.trained_agreement:.4g} (float32 reference, unquantized file)"]
+    blind = gate.gate_failures({}, {**reference, "image_sensitivity": 0.01}, params)
     assert blind == ["the merged model: image_sensitivity 0.01 < 0.1 (smoke.min_image_sensitivity)"]
+
+
+def test_bounds_follow_the_coarser_of_reference_and_file():
+    assert gate.comparison_precision("float32", False, "f16") == "float32"
+    assert gate.comparison_precision("float32", False, "bf16") == "bfloat16"
+    assert gate.comparison_precision("bfloat16", False, "f16") == "bfloat16"
+    assert gate.comparison_precision("float16", False, "f16") == "bfloat16"  # not measurable on a CPU: bf16 bounds it
+    assert gate.comparison_precision("float32", True, "bf16") == "4bit"
+    for precision in ("float32", "bfloat16", "4bit"):  # each coarser precision is at least as lenient
+        tight, loose = gate.TOLERANCES[(precision, "unquantized")], gate.TOLERANCES[(precision, "quantized")]
+        assert loose.count_tv >= tight.count_tv and loose.answer_agreement <= tight.answer_agreement
+    order = [gate.TOLERANCES[(p, "unquantized")] for p in ("float32", "bfloat16", "4bit")]
+    assert [t.count_tv for t in order] == sorted(t.count_tv for t in order)
+    assert [t.evaluated_agreement for t in order] == sorted((t.evaluated_agreement for t in order), reverse=True)
+
+
+def test_figures_of_a_file_that_is_nearly_the_model_fail_the_float32_bounds():
+    """What a new user fed the old gate and it passed: a file that answers 29 of 32 images alike (first-count
+    TV 0.04), and a projector 4% off. A faithful F16 file measured 1.0 and 2e-4 (docs/stages.md)."""
+    params = config_from_dict(tiny_params()).smoke
+    reference = {"image_sensitivity": 0.3, "accuracy": 0.5, "precision": "float32"}
+    nearly = {**GOOD, "path": "near-F16.gguf", "file_type": "f16", "answer_agreement": round(29 / 32, 4),
+              "count_tv": 0.04}
+    off = {**GOOD, "path": "off-F16.gguf", "file_type": "f16", "projector_error": 0.04}
+    failures = gate.gate_failures({"near": nearly, "off": off}, reference, params)
+    assert [f.split(":")[1].split()[0] for f in failures] == ["count_tv", "answer_agreement", "projector_error"]
+    assert gate.gate_failures({"good": {**GOOD, "path": "F16.gguf", "file_type": "f16"}}, reference, params) == []
+
+
+def answer_of(text: str, cut: bool = False) -> Answer:
+    return Answer(text, [1], np.zeros(2), 0.1, cut=cut)
+
+
+@pytest.mark.parametrize("text, cut, record, same", [
+    ("<SOLUTION>3</SOLUTION>", False, {"completion": "<REASONING>x</REASONING><SOLUTION>3</SOLUTION>", "parsed": 3},
+     True),
+    ("<SOLUTION>4</SOLUTION>", False, {"completion": "<SOLUTION>3</SOLUTION>", "parsed": 3}, False),
+    ("", False, {"completion": "<SOLUTION>3</SOLUTION>", "parsed": 3}, False),  # empty: agreed with anything before
+    ("<SOLUTION>3", True, {"completion": "<SOLUTION>3</SOLUTION>", "parsed": 3}, True),  # cut: the text so far
+    ("<SOLUTION>4", True, {"completion": "<SOLUTION>3</SOLUTION>", "parsed": 3}, False),
+    ("", True, {"completion": "<SOLUTION>3</SOLUTION>", "parsed": 3}, False),  # an empty prefix agrees with nothing
+    ("<REASONING>2 red", False, {"completion": "<REASONING>2 red triangles", "parsed": 2, "truncated": True}, True),
+    ("no idea", False, {"completion": "no idea", "parsed": None}, True),  # the same words, both finished
+    ("no clue", False, {"completion": "no idea", "parsed": None}, False),
+])
+def test_an_answer_is_evaluates_by_its_count_unless_it_was_cut(text, cut, record, same):
+    assert gate.same_answer(answer_of(text, cut), record) is same
+
+
+def test_trained_agreement_looks_where_base_and_trained_differ():
+    samples = [{"id": f"test-{i}"} for i in range(4)]
+    evaluated = {f"test-{i}": {"base": {"parsed": base}, "trained": {"parsed": trained}}
+                 for i, (base, trained) in enumerate([(1, 1), (2, 3), (4, 5), (2, 2)])}
+    run = Run([answer_of(f"<SOLUTION>{n}</SOLUTION>") for n in (9, 3, 4, 9)], 0.0, [])
+    assert gate.trained_agreement(run, samples, evaluated) == 0.5  # 3 as trained on test-1; 4 as the base on test-2
+    alike = {k: {"base": v["trained"], "trained": v["trained"]} for k, v in evaluated.items()}
+    assert gate.trained_agreement(run, samples, alike) is None
 
 
 def test_n_ctx_must_leave_room_for_the_prompt():
@@ -391,9 +464,9 @@ def test_header_reader_agrees_with_the_gguf_package(exported):
 
     path = exported.root / "gguf" / f"mmproj-{STEM}-F16.gguf"
     reader = gguf.GGUFReader(path)
-    info = rt.read_gguf(path, projector=True)
+    info = gguf_files.read_gguf(path, projector=True)
     assert info.width == reader.fields["clip.vision.projection_dim"].contents()
-    assert info.file_type == rt.FILE_TYPES[reader.fields["general.file_type"].contents()]
+    assert info.file_type == gguf_files.FILE_TYPES[reader.fields["general.file_type"].contents()]
     assert sum(info.tensor_types.values()) == len(reader.tensors)
     assert set(info.tensor_types) == {t.tensor_type.name for t in reader.tensors}
 
@@ -442,8 +515,8 @@ def test_bad_gguf_files_are_refused(damage, message, exported, tmp_path):
         shutil.copy(text, projector)
     else:
         projector.unlink()
-    with pytest.raises(rt.GGUFError) as error:
-        rt.find_gguf_files(gguf_dir)
+    with pytest.raises(gguf_files.GGUFError) as error:
+        gguf_files.find_gguf_files(gguf_dir)
     assert str(error.value).startswith(message.format(text=text, projector=projector, gguf=gguf_dir))
 
 

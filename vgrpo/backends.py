@@ -19,19 +19,14 @@ from vgrpo.config import ConfigError, TrainParams
 
 log = logging.getLogger(__name__)
 
-CUDA_ONLY_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
-
-
 def check_device_options(train: TrainParams, cuda: bool) -> None:
-    """Options that only work with CUDA fail here, in one line, before a model loads."""
+    """Options that only work with CUDA fail here, in one line, before a model loads. (bitsandbytes' 4-bit
+    weights and 8-bit optimizers run on a CPU too, through its CPU backend.)"""
     if cuda:
         return
     if train.backend == "unsloth":
         raise ConfigError("params.yaml: train.backend: unsloth needs a CUDA GPU and none is available "
                           "(use backend: hf or auto on a CPU)")
-    if train.optim in CUDA_ONLY_OPTIMIZERS:
-        raise ConfigError(f"params.yaml: train.optim: {train.optim} (bitsandbytes) needs a CUDA GPU and none is "
-                          "available (use adamw_torch on a CPU)")
     if train.use_vllm:
         raise ConfigError("params.yaml: train.use_vllm: vLLM needs a CUDA GPU and none is available "
                           "(set it to false on a CPU)")

@@ -17,7 +17,7 @@ from huggingface_hub import ModelCard
 
 from vgrpo import base
 from vgrpo.config import VgrpoError
-from vgrpo.gguf_runtime import find_gguf_files
+from vgrpo.gguf_files import find_gguf_files
 from vgrpo.prompts import prompt_text, question_for
 
 IMAGE_MARKER = "<__media__>"  # where llama-mtmd-cli puts the image in a prompt

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from contextlib import contextmanager
@@ -23,10 +24,13 @@ def user_errors():
 
 def quiet_libraries() -> None:
     """Keep stage output to what a user acts on: no tokenizer fork warnings, no DeepSpeed accelerator
-    banner. Hub access is left as the user set it: only the base stage downloads, and a user's own
-    HF_HUB_OFFLINE=1 is respected."""
+    banner, no bitsandbytes notice about an optional kernel. Hub access is left as the user set it: only
+    the base stage downloads, and a user's own HF_HUB_OFFLINE=1 is respected."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda_device() else "cuda")
+    # bitsandbytes' CPU backend tries an optional kernel from the Hub at import and warns without it;
+    # its own 4-bit kernels run instead.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def _has_cuda_device() -> bool:

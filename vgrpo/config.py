@@ -192,7 +192,6 @@ class EvaluateParams:
 class ExportParams:
     merged_dtype: Literal["float32", "bfloat16", "float16"]
     quantizations: list[str]
-    max_merge_logprob_diff: float = knob(gt=0)  # merged vs base + adapter, next-token log-probs on test images
 
 
 @dataclass(frozen=True)
@@ -203,20 +202,10 @@ class SmokeParams:
     n_ctx: int = knob(ge=256)  # llama.cpp context: prompt (text + image tokens) + max_new_tokens
     cpu_repack: bool  # llama.cpp's repacked/AMX CPU weights (off: they crash in VMs without AMX state)
     n_gpu_layers: int | Literal["auto"] = knob(ge=-1)  # text-model layers on the GPU: -1 all, 0 none, auto: what fits
-    min_evaluated_agreement: float = knob(ge=0, le=1)  # merged model vs evaluate's trained predictions, same images
-    # Per GGUF file vs the merged model; unquantized (f16/bf16) files tightly, quantized ones looser:
-    min_f16_count_agreement: float = knob(ge=0, le=1)  # teacher-forced, where the merged model's answer states counts
-    max_f16_count_tv: float = knob(ge=0, le=1)  # the first count's distribution: total-variation distance
-    min_f16_answer_agreement: float = knob(ge=0, le=1)  # parsed answers; two without a number do not agree
-    max_f16_logprob_diff: float = knob(gt=0)  # first token, where the merged model gives p > 1e-3
-    min_quant_count_agreement: float = knob(ge=0, le=1)
-    max_quant_count_tv: float = knob(ge=0, le=1)
-    min_quant_answer_agreement: float = knob(ge=0, le=1)
-    max_quant_logprob_diff: float = knob(gt=0)
+    # How close each GGUF must be to the merged model: vgrpo/smoke.py TOLERANCES, by precision and file type.
     max_quant_accuracy_drop: float = knob(ge=0, le=1)  # counting accuracy: merged model minus quantized file
     min_image_sensitivity: float = knob(ge=0, le=1)  # the merged model's first count, real vs blank image: TV
     min_image_sensitivity_ratio: float = knob(ge=0, le=1)  # each file's, as a share of the merged model's
-    max_projector_error: float = knob(gt=0)  # image embeddings, llama.cpp's mmproj vs transformers: relative L2
 
 
 @dataclass(frozen=True)

@@ -55,16 +55,18 @@ def trainer_precision(dtype: str) -> dict[str, bool]:
     return {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}
 
 
-def check_4bit(load_in_4bit: bool, device: Device) -> None:
-    """4-bit weights come from bitsandbytes, which needs CUDA."""
-    if load_in_4bit and device.kind != "cuda":
-        raise ConfigError("params.yaml: train.load_in_4bit: 4-bit loading needs a CUDA GPU and none is available "
-                          "(set it to false on a CPU)")
+def check_4bit(load_in_4bit: bool) -> None:
+    """4-bit weights come from bitsandbytes (CUDA, or its CPU backend), a dependency of the project."""
+    import importlib.util
+
+    if load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError("params.yaml: train.load_in_4bit: 4-bit loading needs bitsandbytes, which is not installed "
+                          "(pip install bitsandbytes in the venv, or rerun ./setup.sh)")
 
 
 def load_dtype(model: ModelParams, train: TrainParams, device: Device | None = None) -> str:
     """How train, evaluate and smoke load the base: the resolved dtype, after checking that the device
     can run it and, with `train.load_in_4bit`, 4-bit weights. Fails in one line before any model loads."""
     device = device or current_device()
-    check_4bit(train.load_in_4bit, device)
+    check_4bit(train.load_in_4bit)
     return resolve_dtype(model.dtype, device)

@@ -256,6 +256,9 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
             texts = processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
             completions_ids[(split, name)] = ids
             records[(split, name)] = score([rows[i] for i in range(len(rows))], texts, processor.tokenizer)
+            for record, completion in zip(records[(split, name)], ids, strict=True):  # generate stops before the end
+                record["completion_tokens"] = len(completion)  # token, so a full-length answer was cut off
+                record["truncated"] = len(completion) >= params.max_new_tokens
     seconds = time.perf_counter() - start
     generated = sum(len(r) for r in records.values())
 

@@ -41,7 +41,7 @@ def load_processor(path: str, model: ModelParams):
 def load_model(path: str, dtype: str, load_in_4bit: bool = False, attn_implementation: str | None = None,
                device: str | None = None, vision_float32: bool = True):
     """The model in `dtype` (already resolved, never `auto`), or with 4-bit NF4 weights computing in
-    `dtype` (bitsandbytes, CUDA only). `device`: where the weights load, "cuda" (this process's GPU:
+    `dtype` (bitsandbytes: CUDA, or its CPU backend). `device`: where the weights load, "cuda" (this process's GPU:
     LOCAL_RANK under a launcher) or "cpu"; by default the GPU when there is one, loaded there directly
     (a device_map), so a 16-bit 8B does not pass through 17.5 GB of host RAM. "none": no device_map, for
     DeepSpeed ZeRO-3, which places the weights itself. `vision_float32`: in float16, the vision tower in
@@ -76,13 +76,55 @@ def keep_vision_in_float32(model) -> None:
     visual.forward = float32_forward
 
 
+# Modules 4-bit loading leaves in the model's dtype: the vision tower (small, sensitive to quantization,
+# and in float32 under float16) and the output layer. transformers 5 skips a module when a pattern is a
+# prefix of its name followed by a dot, the whole name, or a suffix (`should_convert_module`): "visual"
+# alone would miss `model.visual.blocks.0.attn.qkv`. Unsloth patches that matcher, in its own process only.
+NOT_QUANTIZED = ["model.visual", "lm_head"]
+
+
 def quantization_config(dtype: str):
-    """QLoRA's 4-bit setting: NF4 with double quantization, computing in the model's dtype. The vision
-    tower and lm_head stay in 16 bits (small, and sensitive to quantization)."""
+    """QLoRA's 4-bit setting: NF4 with double quantization, computing in the model's dtype, with the vision
+    tower and lm_head left unquantized (`NOT_QUANTIZED`)."""
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=DTYPES[dtype], llm_int8_skip_modules=["visual", "lm_head"])
+                              bnb_4bit_compute_dtype=DTYPES[dtype], llm_int8_skip_modules=NOT_QUANTIZED)
+
+
+def quantized_modules(model) -> list[str]:
+    """The names of the model's 4-bit linear layers (bitsandbytes' Linear4bit)."""
+    return [name for name, module in model.named_modules() if type(module).__name__ == "Linear4bit"]
+
+
+def is_quantized(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False))
+
+
+def keep_4bit_layers_differentiable(model) -> None:
+    """bitsandbytes 0.50's CPU backend, on a CPU with AVX512-BF16 (AMD Zen 4/5, Intel Sapphire Rapids),
+    repacks a 4-bit layer's weights for its inference kernel at the first forward in eval mode without
+    gradients (a held-out evaluation, a finiteness check), and from then on runs that kernel, which has no
+    backward: the gradient stops at every 4-bit layer, and nothing before the decoder (the vision tower's
+    LoRA) learns again. A model that trains keeps the layout that backpropagates."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
+def keep_trainable_in_float32(model) -> int:
+    """Trainable (LoRA) parameters back in float32 on a quantized model. TRL 1.14's GRPOTrainer casts them
+    to bfloat16 whenever the model is quantized; under float16 mixed precision the GradScaler then cannot
+    unscale their bfloat16 gradients on a GPU (no bfloat16 kernel for that), and the first optimizer step
+    fails. Unsloth removes the cast for that reason; PEFT keeps adapters in float32 without quantization.
+    Returns how many parameters were cast back."""
+    cast = 0
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
+            cast += 1
+    return cast
 
 
 def check_finite(logits: torch.Tensor, dtype: str, where: str) -> None:
@@ -138,6 +180,8 @@ def _hf_lora(path: str, model: ModelParams, train: TrainParams, dtype: str, zero
     from peft import LoraConfig, get_peft_model
 
     base = load_model(path, dtype, load_in_4bit=train.load_in_4bit, device="none" if zero3 else None)
+    if train.load_in_4bit:
+        keep_4bit_layers_differentiable(base)
     config = LoraConfig(r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout,
                         bias=train.lora_bias, target_modules=lora_target_modules(train))
     torch.manual_seed(train.seed)  # LoRA A matrices are random: same seed, same adapter

@@ -96,11 +96,14 @@ def is_zero3(args: GRPOConfig) -> bool:
 
 
 class VisionScaledGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose optimizer gives the vision tower's LoRA its own learning rate."""
+    """GRPOTrainer whose optimizer gives the vision tower's LoRA its own learning rate, and whose LoRA
+    weights stay in float32 on a 4-bit base."""
 
     def __init__(self, *args, vision_lr_scale: float = 1.0, **kwargs):
         self.vision_lr_scale = vision_lr_scale
         super().__init__(*args, **kwargs)
+        if models.is_quantized(self.model):  # undo TRL's bfloat16 cast of the LoRA weights (models.py says why)
+            models.keep_trainable_in_float32(self.model)
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
@@ -222,12 +225,18 @@ def keep_only_the_adapter(directory: Path) -> None:
         raise RuntimeError(f"adapter has non-safetensors files: {leftovers}")
 
 
-def adapter_change(adapter_dir: Path) -> float:
-    """Largest |lora_B| in the saved adapter. LoRA starts with B = 0, so 0.0 means training never moved it."""
+def adapter_change(adapter_dir: Path) -> dict[str, float]:
+    """Largest |lora_B| in the saved adapter, per tower (vision, language). LoRA starts with B = 0, so 0.0
+    means training never moved that tower's adapter."""
     from safetensors import safe_open
 
+    largest = {"language": 0.0, "vision": 0.0}
     with safe_open(str(adapter_dir / "adapter_model.safetensors"), "pt") as f:
-        return max((f.get_tensor(k).abs().max().item() for k in f.keys() if "lora_B" in k), default=0.0)
+        for key in f.keys():
+            if "lora_B" in key:
+                tower = "vision" if models.is_vision_parameter(key) else "language"
+                largest[tower] = max(largest[tower], f.get_tensor(key).abs().max().item())
+    return largest
 
 
 def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_dir: Path, adapter_dir: Path,
@@ -291,7 +300,8 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
 
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     zero_spread = [entry.get("frac_reward_zero_std") for entry in history if "frac_reward_zero_std" in entry]
-    change = adapter_change(adapter_dir)
+    towers = adapter_change(adapter_dir)
+    change = max(towers.values())
     summary = {
         "backend": backend,
         "base_model": base.describe(source),
@@ -313,6 +323,9 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
         "val_accuracy": {f"step_{step}": accuracy for step, accuracy in held_out.history} if held_out else None,
         "adapter_changed": change > 0,
         "adapter_max_lora_b": change,
+        "adapter_max_lora_b_by_tower": towers,
+        # TRL logs each logging step's share of groups whose rewards are all equal (zero advantage, no signal)
+        "zero_spread_groups": round(sum(zero_spread) / len(zero_spread), 4) if zero_spread else None,
         "zero_spread_steps": round(sum(f == 1.0 for f in zero_spread) / len(zero_spread), 4) if zero_spread else None,
         "peak_vram_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
     }
