@@ -63,8 +63,9 @@ def device_info() -> dict:
 
 
 class Check:
-    def __init__(self, work: Path, model: str, revision: str, steps: int, python: str):
+    def __init__(self, work: Path, model: str, revision: str, steps: int, python: str, settings: tuple[str, ...] = ()):
         self.work, self.model, self.revision, self.steps, self.python = work, model, revision, steps, python
+        self.settings = list(settings)  # --set KEY=VALUE: after everything else, in every case and dvc run
         self.default_model = yaml.safe_load((ROOT / "params.yaml").read_text())["model"]["name"]
         self.cases: list[dict] = []
         (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -84,7 +85,8 @@ class Check:
             settings.update({"model.name": self.model, "model.revision": self.revision, "base.sft_steps": 0,
                              "generate.warmup_size": 0, "generate.train_size": 4 * self.steps,
                              **{f"generate.{split}_size": EVAL_SAMPLES for split in ("val", "test", "ood")}})
-        raw = compose(profile, [f"{key}={json.dumps(value)}" for key, value in {**settings, **overrides}.items()])
+        raw = compose(profile, [f"{key}={json.dumps(value)}" for key, value in {**settings, **overrides}.items()]
+                      + self.settings)
         path = self.work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         return path
@@ -207,16 +209,20 @@ class Check:
         if profile != "tiny" and self.model != self.default_model:
             sets.update({"model.name": self.model, "model.revision": self.revision})
         command = ["dvc", "exp", "run", "-S", f"profile={profile}",
-                   *[arg for key, value in sets.items() for arg in ("-S", f"{key}={value}")]]
+                   *[arg for key, value in sets.items() for arg in ("-S", f"{key}={value}")],
+                   *[arg for setting in self.settings for arg in ("-S", setting)]]
         if ok:
             ok, line = self.run(case, command, cwd=clone)
         if self.failed(case, "dvc", ok, line, start):
             return
         train = json.loads((clone / "reports/train/metrics.json").read_text())
         smoke = json.loads((clone / "reports/smoke/metrics.json").read_text())
-        self.record(case, "dvc", "passed", seconds_per_step=train["seconds_per_step"],
-                    peak_vram_gb=train["peak_vram_gb"], smoke_gate=smoke["gate"]["passed"],
-                    seconds=round(time.time() - start, 1))
+        towers = train["adapter_max_lora_b_by_tower"]
+        self.record(case, "dvc", "passed" if train["adapter_changed"] else "failed",
+                    reason=None if train["adapter_changed"] else "the adapter did not move",
+                    seconds_per_step=train["seconds_per_step"], peak_vram_gb=train["peak_vram_gb"],
+                    max_lora_b_language=towers["language"], max_lora_b_vision=towers["vision"],
+                    smoke_gate=smoke["gate"]["passed"], seconds=round(time.time() - start, 1))
 
 
 def train_cases(device: dict) -> dict[str, tuple[dict, str]]:
@@ -249,13 +255,16 @@ def train_cases(device: dict) -> dict[str, tuple[dict, str]]:
               "model.revision for the model it names, else main).")
 @click.option("--skip", "skipped", multiple=True, metavar="CASE",
               help="Leave this case out (repeatable), e.g. dvc-tiny where the pipeline's tests already run it.")
-def main(work_dir: str, steps: int, model: str, revision: str | None, skipped: tuple[str, ...]) -> None:
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="A params override for every case and dvc run, after the check's own (repeatable).")
+def main(work_dir: str, steps: int, model: str, revision: str | None, skipped: tuple[str, ...],
+         settings: tuple[str, ...]) -> None:
     """Run every case this machine can, print one line each, write WORK/summary.json."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     revision = revision or (raw["model"]["revision"] if model == raw["model"]["name"] else "main")
-    check = Check(work, model, revision, steps, sys.executable)
+    check = Check(work, model, revision, steps, sys.executable, settings)
     device = device_info()
     click.echo(f"device: {device.get('name', 'CPU (no CUDA)')}, model: {model}"
                + ("" if model == "tiny" else f"@{revision}") + f", {steps} GRPO steps a case")
