@@ -1,7 +1,7 @@
 """Stage 4: base vs trained on held-out (val, test) and out-of-distribution (ood) counts, same images,
 same prompt, same image budget; where the warm start knows a brief answer style, also the warm start
-made to describe (its brief style's first token forbidden); metrics, predictions, plots and attention
-heatmaps for DVC.
+made to describe (its brief style's first token forbidden); pass@k at GRPO's sampling settings; metrics,
+predictions, plots and attention heatmaps for DVC.
 
     python stages/evaluate.py                       # params.yaml -> reports/eval
     dvc exp run -S evaluate.batch_size=8            # reruns evaluate (and what follows) only
@@ -43,6 +43,13 @@ def main(params_path, data_dir, base_dir, adapter_dir, reports_dir) -> None:
             click.echo(f"{split:>5}: accuracy base {m['base']['accuracy']:.3f} -> trained "
                        f"{m['trained']['accuracy']:.3f} ({gain['accuracy']:+.3f}, paired 95% CI "
                        f"[{low:+.3f}, {high:+.3f}], McNemar p = {gain['mcnemar_p']:.3g}, n = {m['base']['samples']})")
+            passes = {name: m[name]["pass_at_k"] for name in ("base", "base_described", "trained")
+                      if "pass_at_k" in m.get(name, {})}
+            if passes:  # pass@k at GRPO's sampling settings: selection or new capability?
+                ks = [key for key in next(iter(passes.values())) if key.startswith("pass@")]
+                click.echo(f"{split:>5}: {'/'.join(ks)} at temperature {config.train.temperature:g} "
+                           f"({next(iter(passes.values()))['images']} images): " + ", ".join(
+                               f"{name} " + "/".join(f"{p[k]:.3f}" for k in ks) for name, p in passes.items()))
             if "base_described" in m:  # the warm start made to describe: what GRPO added over its better decoding
                 gain = m["trained_minus_base_described"]
                 low, high = gain["accuracy_ci95"]

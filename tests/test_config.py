@@ -67,7 +67,7 @@ BAD_INPUTS = [
     ("shared colour", lambda r: set_key(r, "generate.colours.circles", "red"),
      "params.yaml: generate.colours: each shape needs its own colour"),
     ("unknown reward", lambda r: set_key(r, "train.rewards", {"correctness_tags": 1.0, "vibes": 1.0}),
-     "params.yaml: train.rewards.vibes: unknown reward (expected one of correctness_tags, format_tags"),
+     "params.yaml: train.rewards.vibes: unknown reward (expected one of correctness_tags, correctness_partial"),
     ("negative reward weight", lambda r: set_key(r, "train.rewards", {"format_tags": -1}),
      "params.yaml: train.rewards.format_tags: expected a number >= 0, got -1"),
     ("group size that does not divide the batch", lambda r: set_key(r, "train.num_generations", 3),

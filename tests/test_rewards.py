@@ -29,7 +29,8 @@ def scores(text, **columns) -> dict[str, float]:
 
 
 def test_seed_free_text_answer():
-    assert scores(FREE_TEXT) == {"correctness_tags": 0.0, "format_tags": -2.0, "correctness_free": 1.0,
+    assert scores(FREE_TEXT) == {"correctness_tags": 0.0, "correctness_partial": 0.0, "format_tags": -2.0,
+                                 "correctness_free": 1.0,
                                  "description": 0.5, "reasoning": 0.2, "counts_described": 0.0,
                                  "answer_follows_reasoning": 0.0}
     free_text_rewards = ("correctness_free", "description", "reasoning")
@@ -164,6 +165,19 @@ def test_answer_follows_reasoning(text, shape, expected):
     assert score("answer_follows_reasoning", text, target_shape=shape) == expected
 
 
+@pytest.mark.parametrize("text, answer, expected", [
+    ("<SOLUTION>4</SOLUTION>", "4", 2.0),
+    ("<SOLUTION>3</SOLUTION>", "4", 1.5),  # one off a count of 4: three quarters of the credit
+    ("<SOLUTION>5</SOLUTION>", "4", 1.5),
+    ("<SOLUTION>2</SOLUTION>", "1", 0.0),  # one off a count of 1 is 100% off
+    ("<SOLUTION>9</SOLUTION>", "2", 0.0),  # never negative
+    ("<SOLUTION>three</SOLUTION>", "3", 0.0),
+    ("<SOLUTION>3</SOLUTION><SOLUTION>3</SOLUTION>", "3", 0.0),  # one block, as correctness_tags
+])
+def test_correctness_partial(text, answer, expected):
+    assert REWARDS["correctness_partial"]([text], answer=[answer]) == [expected]
+
+
 @pytest.mark.parametrize("reasoning, shape, expected", [
     ("2 red triangles, 3 blue circles, 0 green squares", "circles", 3),
     ("there are 4 circles here", "circles", 4),
@@ -190,9 +204,9 @@ def test_reward_functions_keeps_params_order():
 def test_unknown_reward_is_a_config_error():
     with pytest.raises(ConfigError) as error:
         reward_functions({"correctness_tags": 1.0, "vibes": 1.0})
-    assert str(error.value) == ("train.rewards.vibes: unknown reward (expected one of correctness_tags, format_tags, "
-                                "correctness_free, description, reasoning, counts_described, "
-                                "answer_follows_reasoning)")
+    assert str(error.value) == ("train.rewards.vibes: unknown reward (expected one of correctness_tags, "
+                                "correctness_partial, format_tags, correctness_free, description, reasoning, "
+                                "counts_described, answer_follows_reasoning)")
 
 
 # Built once: huge strings drawn by hypothesis itself would be slow and hit its size limits.

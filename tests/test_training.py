@@ -425,8 +425,8 @@ BAD_TRAIN = [
     ("vLLM on a CPU", {"use_vllm": True, "finetune_vision_layers": False},
      "error: params.yaml: train.use_vllm: vLLM needs a CUDA GPU"),
     ("unknown reward", {"rewards": {"vibes": 1.0}},
-     "error: params.yaml: train.rewards.vibes: unknown reward (expected one of correctness_tags, format_tags, "
-     "correctness_free, description, reasoning, counts_described, answer_follows_reasoning)"),
+     "error: params.yaml: train.rewards.vibes: unknown reward (expected one of correctness_tags, correctness_partial, "
+     "format_tags, correctness_free, description, reasoning, counts_described, answer_follows_reasoning)"),
     ("group size", {"num_generations": 3},
      "error: params.yaml: train.num_generations: 3 does not divide the generation batch 4"),
     ("a logger that is not installed", {"report_to": ["wandb"]},

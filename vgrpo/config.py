@@ -54,8 +54,8 @@ QUANTIZATIONS = {
 }  # fmt: skip
 # Reward names known to vgrpo.rewards.REWARDS (kept here so validating params imports nothing heavy;
 # tests/test_rewards.py checks the two lists agree).
-REWARD_NAMES = ("correctness_tags", "format_tags", "correctness_free", "description", "reasoning", "counts_described",
-                "answer_follows_reasoning")
+REWARD_NAMES = ("correctness_tags", "correctness_partial", "format_tags", "correctness_free", "description",
+                "reasoning", "counts_described", "answer_follows_reasoning")
 
 Colour = Literal["red", "blue", "green", "orange", "purple", "black"]
 Split = Literal["train", "val", "test", "ood"]
@@ -93,6 +93,9 @@ class GenerateParams:
     max_count: int = knob(ge=1)
     other_min_count: int = knob(ge=0)  # the two shapes not asked about, every split
     other_max_count: int = knob(ge=0)
+    # the other shapes in the `warmup` split: up to this many (null: other_max_count), so that the warm start
+    # describes counts above the asked range (6-8) that its answers never give
+    warmup_other_max_count: int | None = knob(ge=0)
     ood_min_count: int = knob(ge=1)  # the asked shape in `ood`
     ood_max_count: int = knob(ge=1)
     min_shape_size: int = knob(ge=6)  # bounding-box side in pixels
@@ -145,6 +148,8 @@ class TrainParams:
     lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup"]
     warmup_ratio: float = knob(ge=0, lt=1)  # transformers reads a value >= 1 as a number of steps
     per_device_train_batch_size: int = knob(ge=1)  # completions (not prompts) per device and step
+    prompt_oversampling: int = knob(ge=1)  # > 1: sample this many times the step's prompts, train on the groups
+                                           # with reward spread first (DAPO's dynamic sampling); 1: off
     gradient_accumulation_steps: int = knob(ge=1)
     num_generations: int = knob(ge=2)  # GRPO group size
     max_prompt_length: int = knob(ge=16)
@@ -186,6 +191,8 @@ class EvaluateParams:
     seed: int = knob(ge=0)
     bootstrap_samples: int = knob(ge=100)
     attention_samples: int = knob(ge=0)  # images drawn as attention heatmaps
+    pass_k: list[int] = knob(ge=1)  # pass@k at GRPO's sampling settings (train.temperature, top_p, top_k)
+    pass_samples: dict[str, int] = knob(ge=0)  # split -> images answered max(pass_k) times each; 0: none
 
 
 @dataclass(frozen=True)
@@ -398,6 +405,9 @@ def _check_relations(config: Config, source: str) -> None:
     if g.other_min_count > g.other_max_count:
         fail("generate.other_min_count", f"must be <= generate.other_max_count ({g.other_min_count} > "
              f"{g.other_max_count})")
+    if g.warmup_other_max_count is not None and g.warmup_other_max_count < g.other_min_count:
+        fail("generate.warmup_other_max_count", f"must be >= generate.other_min_count ({g.warmup_other_max_count} < "
+             f"{g.other_min_count})")
     if g.layout == "grid":
         cells = (g.image_size // GRID_CELL) ** 2
         if g.image_size % GRID_CELL:
@@ -410,6 +420,9 @@ def _check_relations(config: Config, source: str) -> None:
         if most > cells:
             fail("generate.other_max_count", f"layout grid has {cells} cells at {g.image_size} px, but an image may "
                  f"need {most} (asked up to {max(g.max_count, g.ood_max_count)} + 2 x {g.other_max_count})")
+        if g.max_count + 2 * g.other_min_count > cells:  # warm-up images whose others do not fit are drawn again
+            fail("generate.other_min_count", f"layout grid has {cells} cells at {g.image_size} px, but a warm-up image "
+                 f"needs at least {g.max_count + 2 * g.other_min_count}")
     colours = dataclasses.asdict(g.colours)
     if len(set(colours.values())) < len(colours):
         fail("generate.colours", f"each shape needs its own colour, got {colours} (the label check counts "
@@ -430,6 +443,11 @@ def _check_relations(config: Config, source: str) -> None:
         fail("train.num_generations", f"{t.num_generations} does not divide the generation batch "
              f"{generation_batch} (per_device_train_batch_size {t.per_device_train_batch_size} x "
              f"gradient_accumulation_steps {t.gradient_accumulation_steps} x num_processes {t.num_processes})")
+    if t.prompt_oversampling > 1 and t.num_processes > 1:
+        fail("train.prompt_oversampling", "dynamic sampling runs in one process (train.num_processes: 1)")
+    if t.prompt_oversampling > 1 and t.per_device_train_batch_size % t.num_generations:
+        fail("train.prompt_oversampling", f"needs whole groups per step: per_device_train_batch_size "
+             f"{t.per_device_train_batch_size} is not a multiple of num_generations {t.num_generations}")
     if t.use_vllm and t.finetune_vision_layers:
         fail("train.use_vllm", "vLLM cannot apply LoRA to vision layers: set train.finetune_vision_layers: false "
              "to generate with vLLM, or train.use_vllm: false to keep the vision LoRA")
@@ -444,6 +462,11 @@ def _check_relations(config: Config, source: str) -> None:
     for split in e.splits:
         if split not in e.max_samples:
             fail("evaluate.max_samples", f"no cap for split {split!r} (listed in evaluate.splits)")
+    for split in e.pass_samples:
+        if split not in e.splits:
+            fail(f"evaluate.pass_samples.{split}", f"not an evaluated split (evaluate.splits: {', '.join(e.splits)})")
+    if e.pass_samples and not e.pass_k:
+        fail("evaluate.pass_k", "empty, while evaluate.pass_samples asks for pass@k (give k values, e.g. [1, 4, 16])")
     if config.smoke.n_ctx < config.smoke.max_new_tokens + 256:
         fail("smoke.n_ctx", f"{config.smoke.n_ctx} leaves no room for the prompt (~130 tokens with a 256x256 image) "
              f"next to smoke.max_new_tokens {config.smoke.max_new_tokens}: use at least max_new_tokens + 256")

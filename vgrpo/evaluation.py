@@ -261,6 +261,7 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
                 record["truncated"] = len(completion) >= params.max_new_tokens
     seconds = time.perf_counter() - start
     generated = sum(len(r) for r in records.values())
+    passes = sampled_pass_rates(model, processor, splits, names, params, config.train, forbidden)
 
     metrics = {"speed": {"samples": generated, "seconds": round(seconds, 2),
                          "samples_per_second": round(generated / seconds, 3),
@@ -277,6 +278,9 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
             described = records[(split, DESCRIBED)]
             metrics[split][DESCRIBED] = summarize(described, params)
             metrics[split]["trained_minus_base_described"] = gain(described, trained_records, params)
+        for name in names:
+            if (split, name) in passes:
+                metrics[split][name]["pass_at_k"] = passes[(split, name)]
 
     with_eager_attention(model)
     attention_dir = reports_dir / "attention"
@@ -306,6 +310,28 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
     write_plots(reports_dir / "plots", records)
     write_json(reports_dir / "metrics.json", metrics)
     return metrics
+
+
+def sampled_pass_rates(model, processor, splits: dict, names: tuple[str, ...], params: EvaluateParams, train,
+                       forbidden: dict) -> dict[tuple[str, str], dict]:
+    """pass@k (`vgrpo.pass_at_k`) of each model on the first `evaluate.pass_samples[split]` images of a split,
+    sampled as GRPO's rollouts are: does training pick from what the warm start could already answer?"""
+    from vgrpo.pass_at_k import pass_rates, right_answers
+
+    passes = {}
+    n = max(params.pass_k, default=0)
+    for split, rows in splits.items():
+        images = min(params.pass_samples.get(split, 0), len(rows))
+        if not images or not n:
+            continue
+        chosen = [rows[i] for i in range(images)]
+        for name in names:
+            torch.manual_seed(params.seed)
+            with as_model(model, name):
+                right = right_answers(model, processor, chosen, n, params.max_new_tokens, train.temperature,
+                                      train.top_p, train.top_k, params.batch_size, forbidden.get(name))
+            passes[(split, name)] = {**pass_rates(right, n, params.pass_k), "images": images, "samples_per_image": n}
+    return passes
 
 
 def _side_by_side(panels: list[Image.Image]) -> Image.Image:

@@ -101,6 +101,20 @@ def correctness_tags(completions, **kwargs) -> list[float]:
     return rewards
 
 
+def correctness_partial(completions, **kwargs) -> list[float]:
+    """+2.0 x max(0, 1 - |n - answer| / answer) for the integer n alone in the single `<SOLUTION>` block:
+    full credit when right, partial credit when close (CrowdVLM-R1's fuzzy count reward, arXiv 2504.03724)."""
+    answers = _column(kwargs, "answer", len(completions))
+    rewards = []
+    for completion, answer in zip(completions, answers, strict=True):
+        given, expected = _tagged_answer(_text(completion)), _integer(answer)
+        if given is None or expected is None or expected <= 0:
+            rewards.append(0.0)
+        else:
+            rewards.append(round(2.0 * max(0.0, 1.0 - abs(given - expected) / expected), 6))
+    return rewards
+
+
 def format_tags(completions, **kwargs) -> list[float]:
     """+1.0 for `<REASONING>x</REASONING><SOLUTION>y</SOLUTION>`; -2.0 if truncated; else -1.0."""
     rewards = []
@@ -171,6 +185,7 @@ def answer_follows_reasoning(completions, **kwargs) -> list[float]:
 
 REWARDS: dict[str, Reward] = {
     "correctness_tags": correctness_tags,
+    "correctness_partial": correctness_partial,
     "format_tags": format_tags,
     "correctness_free": correctness_free,
     "description": description,

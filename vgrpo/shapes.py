@@ -145,11 +145,23 @@ def make_sample(counts: dict[str, int], target_shape: str, params: GenerateParam
     return Sample(png, dict(counts), target_shape)
 
 
-def with_other_counts(shape: str, count: int, params: GenerateParams, rng: np.random.Generator) -> dict[str, int]:
-    """`count` of the asked shape, and a random count in the other shapes' range for each of the others."""
-    counts = {s: int(rng.integers(params.other_min_count, params.other_max_count + 1)) for s in SHAPES}
-    counts[shape] = count
-    return counts
+def with_other_counts(shape: str, count: int, params: GenerateParams, rng: np.random.Generator,
+                      other_max: int | None = None) -> dict[str, int]:
+    """`count` of the asked shape, and a random count in the other shapes' range (up to `other_max`, by
+    default generate.other_max_count) for each of the others; on the grid, drawn again until all fit."""
+    other_max = params.other_max_count if other_max is None else other_max
+    while True:
+        counts = {s: int(rng.integers(params.other_min_count, other_max + 1)) for s in SHAPES}
+        counts[shape] = count
+        if params.layout != "grid" or sum(counts.values()) <= (params.image_size // GRID_CELL) ** 2:
+            return counts
+
+
+def other_max_count(split: str, params: GenerateParams) -> int:
+    """The other shapes' largest count in a split: the warm-up split may describe more (warmup_other_max_count)."""
+    if split == WARMUP and params.warmup_other_max_count is not None:
+        return params.warmup_other_max_count
+    return params.other_max_count
 
 
 def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Generator):
@@ -164,7 +176,7 @@ def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Genera
     while len(plan) < n:
         for i in rng.permutation(len(combos)):
             shape, count = combos[i]
-            plan.append((with_other_counts(shape, count, params, rng), shape))
+            plan.append((with_other_counts(shape, count, params, rng, other_max_count(split, params)), shape))
     return plan[:n]
 
 
@@ -190,7 +202,7 @@ def generate_samples(params: GenerateParams, progress=None) -> dict[str, list[Sa
                 if digest not in seen_images:
                     break
                 if attempt % 50 == 0:  # every image of these counts is taken (a small grid has few): new other counts
-                    counts = with_other_counts(shape, counts[shape], params, rng)
+                    counts = with_other_counts(shape, counts[shape], params, rng, other_max_count(split, params))
             else:
                 raise LayoutError(f"{split}: could not draw a new image for {counts}")
             seen_images.add(digest)

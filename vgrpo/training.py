@@ -54,7 +54,8 @@ def grpo_config(train: TrainParams, output_dir: str | Path, dtype: str, cuda: bo
         optim=train.optim,
         lr_scheduler_type=train.lr_scheduler_type,
         warmup_steps=train.warmup_ratio,  # a float < 1 is a ratio of the total steps (transformers 5)
-        per_device_train_batch_size=train.per_device_train_batch_size,
+        # dynamic sampling: prompt_oversampling times the prompts are sampled, per_device_train_batch_size rows trained
+        per_device_train_batch_size=train.per_device_train_batch_size * train.prompt_oversampling,
         gradient_accumulation_steps=train.gradient_accumulation_steps,
         num_generations=train.num_generations,
         max_completion_length=train.max_completion_length,
@@ -96,14 +97,24 @@ def is_zero3(args: GRPOConfig) -> bool:
 
 
 class VisionScaledGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose optimizer gives the vision tower's LoRA its own learning rate, and whose LoRA
-    weights stay in float32 on a 4-bit base."""
+    """GRPOTrainer whose optimizer gives the vision tower's LoRA its own learning rate, whose LoRA weights
+    stay in float32 on a 4-bit base, and which, with `groups_per_step`, trains each step on that many of the
+    groups it sampled, those with reward spread first (dynamic sampling)."""
 
-    def __init__(self, *args, vision_lr_scale: float = 1.0, **kwargs):
+    def __init__(self, *args, vision_lr_scale: float = 1.0, groups_per_step: int | None = None, **kwargs):
         self.vision_lr_scale = vision_lr_scale
+        self.groups_per_step = groups_per_step
         super().__init__(*args, **kwargs)
         if models.is_quantized(self.model):  # undo TRL's bfloat16 cast of the LoRA weights (models.py says why)
             models.keep_trainable_in_float32(self.model)
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        if self.groups_per_step is None or not self.model.training:
+            return batch
+        batch, kept_without_spread = keep_groups_with_spread(batch, self.num_generations, self.groups_per_step)
+        self._metrics["train"]["frac_kept_reward_zero_std"].append(kept_without_spread)
+        return batch
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
@@ -112,6 +123,33 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
                                              self.vision_lr_scale)
             self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
+
+
+def keep_groups_with_spread(batch: dict, group_size: int, groups: int) -> tuple[dict, float]:
+    """DAPO's dynamic sampling (arXiv 2503.14476), done by over-sampling prompts: of the groups sampled (rows
+    in consecutive runs of `group_size`, one prompt each), keep `groups`, those with reward spread first in
+    the order sampled, then groups without spread to fill. A group whose rewards are all equal has zero
+    advantage and teaches nothing; the loss is then taken over the kept groups only. Returns the kept batch
+    and the share of kept groups without spread."""
+    from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
+
+    advantages = batch["advantages"]
+    rows = advantages.size(0)
+    spread = advantages.reshape(-1, group_size).abs().sum(-1) > 0
+    order = torch.cat([spread.nonzero().flatten(), (~spread).nonzero().flatten()])[:groups]
+    keep = (order[:, None] * group_size + torch.arange(group_size, device=order.device)).flatten()
+
+    def pick(value):
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.size(0) == rows:
+            return value[keep.to(value.device)]
+        if isinstance(value, list) and len(value) == rows:
+            return [value[i] for i in keep.tolist()]
+        return value
+
+    kept = unsplit_pixel_values_by_grid({key: pick(value) for key, value in split_pixel_values_by_grid(batch).items()})
+    if "num_items_in_batch" in kept:  # the tokens the loss is normalised by (dapo, cispo), now of the kept rows
+        kept["num_items_in_batch"] = kept["completion_mask"].sum()
+    return kept, round(float((~spread[order]).float().mean()), 4)
 
 
 class HeldOutAccuracy(TrainerCallback):
@@ -186,6 +224,8 @@ def build_trainer(config: Config, model, processor, train_dataset, reward_funcs,
         processing_class=processor,
         callbacks=list(callbacks),
         vision_lr_scale=config.train.vision_lr_scale,
+        groups_per_step=(config.train.per_device_train_batch_size // config.train.num_generations
+                         if config.train.prompt_oversampling > 1 else None),
     )
 
 
