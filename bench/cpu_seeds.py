@@ -1,105 +1,154 @@
-"""The cpu profile as users will meet it: the warm start and GRPO rerun over seeds (base.seed = train.seed
-= each seed; the same data), each followed by the SFT control, then per seed and as mean and range the test
-accuracy of the warm start (greedy, and made to describe), after GRPO, and the SFT control, with the CPU
-named. A float result differs between CPU kinds (rounding in their kernels), and one seed is one draw.
+"""What GRPO adds on the cpu profile, over seeds: per seed and as mean and range, the warm start (greedy, and
+made to describe), pass@k at GRPO's sampling settings (warm start and after GRPO), after GRPO, the two
+controls at GRPO's own budget (rejection-sampling fine-tuning on the warm start's verified samples, and
+full-label SFT: bench/controls.py), GRPO's own share (after GRPO minus the better of the warm start made to
+describe and RFT) with a paired 95% interval per seed and over the seeds, and OOD; with the CPU named.
+Every figure is printed for `val` (the split recipes are chosen on) and `test` (reported).
 
-    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds 0 1 2 3 4   # ~15 min a seed (AMD EPYC Zen 4)
-    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --report             # the table from what is there
-    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-kl --set train.beta=0.3 --no-sft 0 1 2 3 4  # a variant
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --jobs 2 0 1 2 3 4     # ~40 min a seed-job on 1 core
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --report                # the table from what is there
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-long --set train.max_steps=135 --no-controls 0 1 2 3 4
 
-Each seed runs in its own clone (bench/pipeline.py's), `dvc exp run -S profile=cpu -S base.seed=S
--S train.seed=S -S evaluate.splits=[test] evaluate` (generate, base, train, evaluate on the test split:
-the figures reported; export and smoke add nothing to them), then `bench/sft_control.py --repo <clone>`
-for GRPO's wall time. `--set KEY=VALUE` (repeatable) runs a variant of the recipe. The clones share one
-DVC cache, so `generate` runs once. A seed already done is not run again.
+Each seed runs in its own clone (bench/pipeline.py's): `dvc exp run -S profile=cpu -S base.seed=S -S
+train.seed=S [--set ...] evaluate` (generate, base, train, evaluate: export and smoke add nothing to these
+figures), then bench/controls.py in that clone. Every run uses one thread (OMP_NUM_THREADS=1), so a seed's
+figures do not depend on the machine's core count (float sums run in one order) and `--jobs` seeds run side
+by side. The clones share one DVC cache. A seed already done is not run again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
+import numpy as np
+import yaml
 from pipeline import cpu_name, environment, make_clone, sh  # bench/pipeline.py
 
 BENCH = Path(__file__).resolve().parent
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def run_seed(work: Path, seed: int, settings: tuple[str, ...] = (), sft: bool = True) -> None:
+def one_thread(repo: Path) -> dict:
+    return {**environment(repo), **ONE_THREAD}
+
+
+def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: bool) -> None:
     folder = work / f"seed-{seed}"
     if (folder / "done").exists():
-        click.echo(f"seed {seed}: done before, kept")
+        click.echo(f"seed {seed}: done before, kept", err=True)
         return
     repo = folder / "repo"
     if not repo.exists():
         make_clone(repo)
         sh(["dvc", "cache", "dir", "--local", str(work / "dvc-cache")], repo)
     click.echo(f"seed {seed}: dvc exp run (warm start, GRPO, evaluate) in {repo}", err=True)
-    overrides = ["profile=cpu", f"base.seed={seed}", f"train.seed={seed}", "evaluate.splits=[test]", *settings]
-    sh(["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"], repo)
-    if not sft:
-        (folder / "done").write_text("")
-        return
-    click.echo(f"seed {seed}: the SFT control", err=True)
-    result = subprocess.run([sys.executable, str(BENCH / "sft_control.py"), "--repo", str(repo), "--out",
-                             str(folder / "sft_control.json")], env=environment(repo), capture_output=True, text=True)
+    overrides = ["profile=cpu", f"base.seed={seed}", f"train.seed={seed}", *settings]
+    command = ["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"]
+    result = subprocess.run(command, cwd=repo, env=one_thread(repo), capture_output=True, text=True)
+    (folder / "exp-run.log").write_text(result.stdout + result.stderr)
     if result.returncode:
-        raise SystemExit(f"sft_control failed for seed {seed}:\n{result.stderr[-3000:]}")
-    (folder / "sft_control.log").write_text(result.stdout)
+        raise SystemExit(f"seed {seed}: dvc exp run failed, see {folder / 'exp-run.log'}")
+    if controls:
+        click.echo(f"seed {seed}: the controls (RFT, full-label SFT)", err=True)
+        result = subprocess.run([sys.executable, str(BENCH / "controls.py"), "--repo", str(repo)], cwd=repo,
+                                env=one_thread(repo), capture_output=True, text=True)
+        (folder / "controls.log").write_text(result.stdout + result.stderr)
+        if result.returncode:
+            raise SystemExit(f"seed {seed}: bench/controls.py failed, see {folder / 'controls.log'}")
     (folder / "done").write_text("")
 
 
-def seed_figures(folder: Path) -> dict:
-    """One seed's test figures from its clone's reports/ and its sft_control.json."""
+def predictions(path: Path, split: str, model: str) -> dict[str, bool]:
+    if not path.is_file():
+        return {}
+    return {r["id"]: r["correct"] for r in map(json.loads, path.open()) if r["split"] == split and r["model"] == model}
+
+
+def seed_figures(folder: Path, split: str) -> dict:
+    """One seed's figures on `split`, from its clone's reports/ and controls/."""
     repo = folder / "repo"
-    test = json.loads((repo / "reports/eval/metrics.json").read_text())["test"]
+    metrics = json.loads((repo / "reports/eval/metrics.json").read_text())
+    m = metrics[split]
+    runs = {"greedy": predictions(repo / "reports/eval/predictions.jsonl", split, "base"),
+            "described": predictions(repo / "reports/eval/predictions.jsonl", split, "base_described"),
+            "grpo": predictions(repo / "reports/eval/predictions.jsonl", split, "trained")}
+    for control in ("rft", "full_label_sft"):
+        runs[control] = predictions(repo / "controls" / control / "eval/predictions.jsonl", split, "trained")
+    ood = metrics.get("ood", {})
     train = json.loads((repo / "reports/train/metrics.json").read_text())
-    warm = json.loads((repo / "reports/base/metrics.json").read_text())
-    sft_file = folder / "sft_control.json"
-    sft = json.loads(sft_file.read_text()) if sft_file.exists() else {"accuracy": None, "sft_steps": None}
-    described = test.get("base_described", {}).get("accuracy")
-    gain = test.get("trained_minus_base_described", {})
-    return {"images": test["trained"]["samples"], "greedy": test["base"]["accuracy"], "described": described,
-            "grpo": test["trained"]["accuracy"], "sft": sft["accuracy"], "gain_ci": gain.get("accuracy_ci95"),
-            "gain_p": gain.get("mcnemar_p"), "grpo_minutes": train["seconds"] / 60, "sft_steps": sft["sft_steps"],
-            "warm_minutes": warm.get("seconds", 0) / 60}
+    return {"runs": runs, "images": m["trained"]["samples"],
+            "pass": {name: m[name].get("pass_at_k") for name in ("base", "base_described", "trained") if name in m},
+            "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
+            "zero_spread_groups": train.get("zero_spread_groups"), "grpo_minutes": train["seconds"] / 60}
 
 
-def report(work: Path) -> None:
-    folders = sorted((f for f in work.glob("seed-*") if (f / "done").exists()),
-                     key=lambda f: int(f.name.split("-")[1]))
+def accuracy(run: dict[str, bool]) -> float | None:
+    return sum(run.values()) / len(run) if run else None
+
+
+def own_share(rows: dict[int, dict], samples: int = 2000, seed: int = 0) -> tuple[list[float], list[float]]:
+    """GRPO minus the better (on this split) of the warm start made to describe and RFT, per seed, and a
+    paired bootstrap over the seeds' images of the mean of those differences: (per-seed, [low, high])."""
+    rng = np.random.default_rng(seed)
+    per_seed, draws = [], np.zeros(samples)
+    for r in rows.values():
+        runs = r["runs"]
+        rivals = [name for name in ("described", "rft") if runs[name]]
+        rival = max(rivals, key=lambda name: accuracy(runs[name]))
+        ids = [i for i in runs["grpo"] if i in runs[rival]]
+        diff = np.array([runs["grpo"][i] - runs[rival][i] for i in ids], dtype=float)
+        per_seed.append(float(diff.mean()))
+        draws += diff[rng.integers(0, len(diff), size=(samples, len(diff)))].mean(axis=1)
+    draws /= len(rows)
+    return per_seed, [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
+
+
+def share(value) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def report(work: Path, split: str) -> None:
+    folders = sorted((f for f in work.glob("seed-*") if (f / "done").exists()), key=lambda f: int(f.name.split("-")[1]))
     if not folders:
         raise SystemExit(f"cpu_seeds: no finished seed in {work}")
-    rows = {int(f.name.split("-")[1]): seed_figures(f) for f in folders}
+    rows = {int(f.name.split("-")[1]): seed_figures(f, split) for f in folders}
+    generate = yaml.safe_load((folders[0] / "repo/params.yaml").read_text())["generate"]
     images = {r["images"] for r in rows.values()}
-    click.echo(f"cpu profile over {len(rows)} seeds (base.seed = train.seed), test accuracy on {images.pop()} images; "
-               f"CPU: {cpu_name()}")
-    click.echo("| seed | warm start, greedy | warm start made to describe | after GRPO | GRPO minus made to describe "
-               "(paired 95% CI, McNemar p) | SFT control (same minutes) |")
-    click.echo("|---|---|---|---|---|---|")
-    def share(value) -> str:
-        return "-" if value is None else f"{value:.1%}"
-
-    for seed, r in rows.items():
-        gain = "-"  # a warm start without a brief style has no `made to describe` (the tiny profile)
-        if r["described"] is not None:
-            low, high = r["gain_ci"]
-            gain = (f"{(r['grpo'] - r['described']) * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}], "
-                    f"p {r['gain_p']:.3g}")
-        sft = "-" if r["sft"] is None else f"{share(r['sft'])} ({r['sft_steps']} steps)"
-        click.echo(f"| {seed} | {share(r['greedy'])} | {share(r['described'])} | {share(r['grpo'])} | {gain} | {sft} |")
+    click.echo(f"cpu profile over {len(rows)} seeds (base.seed = train.seed), data generate.seed "
+               f"{generate['seed']}, {split} accuracy on {images.pop()} images; one thread per run; CPU: {cpu_name()}")
+    click.echo("| seed | warm start, greedy | made to describe | pass@1/4/16 warm start | pass@1/4/16 after GRPO | "
+               "after GRPO | RFT | full-label SFT | GRPO's own share | OOD after GRPO |")
+    click.echo("|---|---|---|---|---|---|---|---|---|---|")
+    per_seed, interval = own_share(rows)
+    for (seed, r), own in zip(rows.items(), per_seed, strict=True):
+        runs = r["runs"]
+        passes = ["/".join(f"{v:.2f}" for k, v in (r["pass"].get(name) or {}).items() if k.startswith("pass@")) or "-"
+                  for name in ("base", "trained")]
+        click.echo(f"| {seed} | {share(accuracy(runs['greedy']))} | {share(accuracy(runs['described']))} | "
+                   f"{passes[0]} | {passes[1]} | {share(accuracy(runs['grpo']))} | {share(accuracy(runs['rft']))} | "
+                   f"{share(accuracy(runs['full_label_sft']))} | {own * 100:+.1f} | {share(r['ood'].get('trained'))} |")
     for key, label in (("greedy", "warm start, greedy"), ("described", "warm start made to describe"),
-                       ("grpo", "after GRPO"), ("sft", "SFT control")):
-        values = [r[key] for r in rows.values() if r[key] is not None]
+                       ("grpo", "after GRPO"), ("rft", "RFT control"), ("full_label_sft", "full-label SFT control")):
+        values = [accuracy(r["runs"][key]) for r in rows.values() if r["runs"][key]]
         if values:
             click.echo(f"{label}: mean {statistics.mean(values):.1%}, range {min(values):.1%}-{max(values):.1%}")
-    gains = [r["grpo"] - r["described"] for r in rows.values() if r["described"] is not None]
-    if gains:
-        click.echo(f"GRPO minus made to describe: mean {statistics.mean(gains) * 100:+.1f} points, range "
-                   f"{min(gains) * 100:+.1f} to {max(gains) * 100:+.1f}")
+    click.echo(f"GRPO's own share (after GRPO minus the better of made to describe and RFT): mean "
+               f"{statistics.mean(per_seed) * 100:+.1f} points, paired 95% interval over the seeds' images "
+               f"[{interval[0] * 100:+.1f}, {interval[1] * 100:+.1f}], range {min(per_seed) * 100:+.1f} to "
+               f"{max(per_seed) * 100:+.1f}")
+    oods = [r["ood"].get("trained") for r in rows.values() if r["ood"]]
+    if oods:
+        click.echo(f"OOD (counts above the training range) after GRPO: mean {statistics.mean(oods):.1%}")
+    spread = [r["zero_spread_groups"] for r in rows.values() if r["zero_spread_groups"] is not None]
+    if spread:
+        click.echo(f"GRPO's groups without reward spread: mean {statistics.mean(spread):.0%}")
 
 
 @click.command()
@@ -107,16 +156,22 @@ def report(work: Path) -> None:
 @click.argument("seeds", type=int, nargs=-1)
 @click.option("--report", "report_only", is_flag=True, help="Only print the table from the seeds done.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="A params override after the profile (repeatable), e.g. train.max_steps=20: a variant.")
-@click.option("--sft/--no-sft", default=True, show_default=True,
-              help="Run the SFT control after each seed (a variant of GRPO can leave it to the profile's runs).")
-def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[str, ...], sft: bool) -> None:
+              help="A params override after the profile (repeatable), e.g. train.max_steps=135: a variant.")
+@click.option("--controls/--no-controls", default=True, show_default=True,
+              help="Train and score the RFT and full-label SFT controls after each seed's GRPO.")
+@click.option("--jobs", default=1, show_default=True, help="Seeds run side by side (each on one thread).")
+@click.option("--split", "splits", multiple=True, default=("val", "test"), show_default=True,
+              help="The splits the table is printed for.")
+def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[str, ...], controls: bool,
+         jobs: int, splits: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
-    if not report_only:
-        for seed in seeds:
-            run_seed(work, seed, settings, sft)
-    report(work)
+    if not report_only and seeds:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(lambda seed: run_seed(work, seed, settings, controls), seeds))
+    for split in splits:
+        report(work, split)
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()

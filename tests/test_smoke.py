@@ -27,6 +27,7 @@ SMOKE = {"n_threads": 1}
 EVALUATE = {"splits": ["test"], "max_samples": {"test": 8}, "attention_samples": 0}  # the smoke images
 TIGHT = gate.TOLERANCES[("float32", "unquantized")]  # a float32 reference against an F16 file
 LOOSE = gate.TOLERANCES[("float32", "quantized")]
+TRAINED_SCALE = 0.1  # the stand-in adapter changes about half of the base's answers: base and trained differ
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def exported(tmp_path_factory, tiny_base):
     root = tmp_path_factory.mktemp("smoke")
     params = write_params(root / "params.yaml", tiny_params(smoke=SMOKE, evaluate=EVALUATE))
     assert stage("generate", "--params", str(params), "--out", str(root / "shapes")).returncode == 0
-    adapter = tiny_adapter(root / "adapter", tiny_base)
+    adapter = tiny_adapter(root / "adapter", tiny_base, scale=TRAINED_SCALE)
     result = stage("evaluate", "--params", str(params), "--data", str(root / "shapes"), "--base", str(tiny_base),
                    "--adapter", str(adapter), "--reports", str(root / "eval"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -221,6 +222,38 @@ def test_an_export_whose_counts_are_all_wrong_fails_though_its_template_agrees(e
     assert any("answer_agreement" in e for e in errors), errors
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())["files"][text.name]
     assert metrics["template_agreement"] >= 0.8 and metrics["count_agreement"] == 0
+
+
+def gguf_of(adapter: Path, exported, dest: Path) -> Path:
+    """The GGUF files of another adapter on the same base (export in-process), F16 text model and projector."""
+    from vgrpo.export import run_export
+
+    run_export(exported.config, exported.base, adapter, exported.root / "shapes", dest / "merged", dest / "gguf")
+    (dest / "gguf" / f"{STEM}-Q4_K_M.gguf").unlink()
+    return dest / "gguf"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("other", ["second run", "the base"])
+def test_smoke_tells_the_evaluated_model_from_another(other, exported, smoked, tmp_path):
+    """A second training run's file (another adapter of the same size), or the base model's (an adapter at 0),
+    put where the evaluated model's belongs: several measures refuse it, the answers evaluate's trained model
+    gave where it differs from its base among them. The evaluated model's own file measures 1.0 there."""
+    files = smoked.metrics["files"]
+    assert smoked.metrics["hf"]["base_trained_differ"] >= 2  # something to tell apart on 8 images
+    assert files[f"{STEM}-F16.gguf"]["trained_agreement"] == 1.0 and smoked.metrics["hf"]["trained_agreement"] == 1.0
+    adapter = tiny_adapter(tmp_path / "adapter", exported.base, seed=1, scale=TRAINED_SCALE if other == "second run"
+                           else 0.0)
+    gguf_dir = gguf_of(adapter, exported, tmp_path)
+    result = stage("smoke", "--params", str(exported.params),
+                   *smoke_args(exported.root, gguf=gguf_dir, reports=tmp_path / "reports"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    text = gguf_dir / f"{STEM}-F16.gguf"
+    failed = {line.split(": ")[3].split()[0] for line in result.stderr.splitlines()
+              if line.startswith(f"error: smoke: {text}: ")}
+    assert "trained_agreement" in failed and len(failed) >= 3, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())["files"][text.name]
+    assert metrics["trained_agreement"] < 0.5
 
 
 @pytest.mark.slow

@@ -96,6 +96,15 @@ def is_zero3(args: GRPOConfig) -> bool:
     return args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == 3
 
 
+def scaled_optimizer(trainer: Trainer, vision_lr_scale: float):
+    """The trainer's optimizer (its args' class and settings) over `models.optimizer_groups`: the vision
+    tower's LoRA at `vision_lr_scale` times the learning rate."""
+    optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
+    groups = models.optimizer_groups(trainer.model, trainer.args.learning_rate, trainer.args.weight_decay,
+                                     vision_lr_scale)
+    return optimizer_cls(groups, **optimizer_kwargs)
+
+
 class VisionScaledGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose optimizer gives the vision tower's LoRA its own learning rate, whose LoRA weights
     stay in float32 on a 4-bit base, and which, with `groups_per_step`, trains each step on that many of the
@@ -118,10 +127,7 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
-            optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.model)
-            groups = models.optimizer_groups(self.model, self.args.learning_rate, self.args.weight_decay,
-                                             self.vision_lr_scale)
-            self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+            self.optimizer = scaled_optimizer(self, self.vision_lr_scale)
         return self.optimizer
 
 
