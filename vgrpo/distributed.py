@@ -4,7 +4,7 @@ distributed work; this module only decides how to launch the train stage and che
 With `train.num_processes > 1` the train stage re-executes itself under `accelerate launch`; each
 child sees LOCAL_RANK and trains as one rank. For DDP `--multi_gpu` is passed even on a CPU machine:
 there accelerate then runs MULTI_CPU over gloo, while its `--cpu` launcher would silently start a
-single process without mpirun (DESIGN facts); tests check the world size for that reason. DeepSpeed
+single process without mpirun (docs/design.md, the facts); tests check the world size for that reason. DeepSpeed
 configs get no `--multi_gpu`, which would override their `distributed_type: DEEPSPEED`.
 """
 
