@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import copy_repo, run, stage, tiny_adapter, tiny_params, write_params
 
-from vgrpo import evaluation, generation, models, prompts
+from vgrpo import attention, evaluation, generation, models, prompts
 from vgrpo.base import base_model_path
 from vgrpo.config import config_from_dict
 from vgrpo.rewards import REWARDS
@@ -123,13 +123,13 @@ def test_batched_greedy_equals_one_at_a_time(model_and_rows):
 
 def test_attention_share_and_grid(model_and_rows):
     config, model, processor, rows = model_and_rows
-    evaluation.with_eager_attention(model)
+    attention.with_eager_attention(model)
     completion = generation.generate(model, processor, rows[:1], config.evaluate.max_new_tokens)[0]
-    share, grid = evaluation.image_attention(model, processor, rows[0], completion)
+    share, grid = attention.image_attention(model, processor, rows[0], completion)
     assert grid.shape == (8, 8)  # 64 image tokens for 256x256
     assert 0.0 < share < 1.0
     assert np.isclose(grid.sum(), share, atol=1e-4)
-    image = evaluation.heatmap(rows[0]["image"], grid, float(grid.min()), float(grid.max()))
+    image = attention.heatmap(rows[0]["image"], grid, float(grid.min()), float(grid.max()))
     assert image.size == rows[0]["image"].size
 
 
@@ -142,12 +142,30 @@ def test_heatmaps_share_one_colour_scale(model_and_rows):
     base[1, 1] = trained[1, 1] = 0.0
     trained[0, 0] = 0.9
     low, high = min(base.min(), trained.min()), max(base.max(), trained.max())
-    panels = [np.asarray(evaluation.heatmap(image, grid, low, high)).astype(int) for grid in (base, trained)]
+    panels = [np.asarray(attention.heatmap(image, grid, low, high)).astype(int) for grid in (base, trained)]
     cell = (slice(224, 256), slice(224, 256))  # cell (7, 7), 32 px per cell
     assert (panels[0][cell] == panels[1][cell]).all()
-    own_scale = [np.asarray(evaluation.heatmap(image, grid, grid.min(), grid.max())).astype(int)
+    own_scale = [np.asarray(attention.heatmap(image, grid, grid.min(), grid.max())).astype(int)
                  for grid in (base, trained)]
     assert not (own_scale[0][cell] == own_scale[1][cell]).all()  # what the shared scale prevents
+
+
+def test_the_attention_sheet_titles_its_panels_and_shows_its_scale(model_and_rows):
+    """image | base | trained, each under a title, and a colour bar from the shared scale's low (white) to its
+    high (the heatmaps' full red) on the right, the question below."""
+    _, _, _, rows = model_and_rows
+    image = rows[0]["image"]
+    grids = {"base": np.full((8, 8), 0.01), "trained": np.full((8, 8), 0.02)}
+    sheet = attention.attention_sheet(image, grids, 0.01, 0.02, rows[0]["question"])
+    width, height = image.size
+    assert sheet.size == (3 * width + attention.BAR_WIDTH, height + 2 * attention.TITLE_HEIGHT)
+    pixels = np.asarray(sheet).astype(int)
+    titles = pixels[:attention.TITLE_HEIGHT, : 3 * width]
+    assert (titles < 128).any(axis=2).any()  # dark text on white above the panels
+    bar = pixels[attention.TITLE_HEIGHT:attention.TITLE_HEIGHT + height, 3 * width + 9]
+    assert tuple(bar[1]) == (255, 102, 102) and (bar[-2] >= 250).all()  # high (red) at the top, low (white) below
+    assert np.array_equal(pixels[attention.TITLE_HEIGHT:attention.TITLE_HEIGHT + height, :width],
+                          np.asarray(image.convert("RGB")).astype(int))  # the image itself, unchanged
 
 
 # --- The stage, end to end --------------------------------------------------------------------
@@ -218,8 +236,9 @@ def test_every_declared_plot_renders_with_data(tiny_pipeline, tmp_path):
     pipeline = yaml.safe_load((tiny_pipeline / "dvc.yaml").read_text())
     titles = [next(iter(plot)) for plot in pipeline["plots"]]
     assert set(titles) <= set(shown), set(titles) - set(shown)
-    for directory in ("reports/base/plots/metrics/", "reports/train/plots/metrics/", "reports/eval/attention/"):
-        assert any(name.startswith(directory) for name in shown), directory
+    assert any(name.startswith("reports/eval/attention/") for name in shown)
+    # only the charts worth reading: not one per logged value, no end-of-run figure drawn as a one-point curve
+    assert len(shown) == len(titles) + len(list((tiny_pipeline / "reports/eval/attention").glob("*.png")))
     for name, renders in shown.items():
         for render in renders:
             if render["type"] == "image":
@@ -236,6 +255,7 @@ def test_every_declared_plot_renders_with_data(tiny_pipeline, tmp_path):
     run(["dvc", "plots", "show", "-o", str(out)], tiny_pipeline)
     html = (out / "index.html").read_text()
     assert "Accuracy by reasoning length" in html and "Confusion, trained" in html and "attention" in html
+    assert "GRPO reward per step" in html and "reports/train/plots/metrics/train/reward.tsv" not in titles
 
 
 @pytest.mark.slow

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from vgrpo import base, memory, models
+from vgrpo.attention import attention_sheet, image_attention, with_eager_attention
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
-from vgrpo.generation import append_tokens, batch_inputs, generate, next_token_logits
+from vgrpo.generation import generate, next_token_logits
 from vgrpo.prompts import brief_style_fork, parse_answer, reasoning_text
 from vgrpo.rewards import REWARDS, stated_count
 
@@ -174,45 +174,6 @@ def _mean(values) -> float:
     return round(float(np.mean(values)), 4) if values else 0.0
 
 
-# --- Where the model looks ----------------------------------------------------------------------
-
-@torch.no_grad()
-def image_attention(model, processor, row, completion_ids: list[int]) -> tuple[float, np.ndarray]:
-    """Attention from the answer (completion) tokens to the image tokens, averaged over layers, heads
-    and answer tokens: the share it puts on the image, and its distribution over the image grid."""
-    inputs = batch_inputs(processor, [row], model.device)
-    prompt_length = inputs["input_ids"].shape[1]
-    completion = torch.tensor([completion_ids or [processor.tokenizer.eos_token_id]], device=model.device)
-    inputs = append_tokens(inputs, completion)
-    input_ids = inputs["input_ids"]
-    output = model(**inputs, output_attentions=True)
-    # layers x heads x answer tokens x keys -> mean over layers, heads and answer tokens
-    weights = torch.stack([a[0, :, prompt_length - 1:-1] for a in output.attentions]).float().mean(dim=(0, 1, 2))
-    image_positions = (input_ids[0] == model.config.image_token_id).nonzero().flatten()
-    on_image = weights[image_positions]
-    _, height, width = inputs["image_grid_thw"][0].tolist()
-    merge = processor.image_processor.merge_size
-    grid = on_image.reshape(height // merge, width // merge).cpu().numpy()
-    return float(on_image.sum()), grid
-
-
-def heatmap(image: Image.Image, grid: np.ndarray, low: float, high: float) -> Image.Image:
-    """The image with the attention grid laid over it in red, brighter = more attention, on the colour
-    scale [low, high]: base and trained get the same scale, so their panels compare."""
-    spread = high - low
-    scaled = np.clip((grid - low) / spread, 0, 1) if spread > 0 else np.zeros_like(grid)
-    overlay = Image.fromarray((scaled * 255).astype(np.uint8)).resize(image.size, Image.Resampling.NEAREST)
-    red = Image.new("RGB", image.size, (255, 0, 0))
-    return Image.composite(red, image.convert("RGB"), overlay.point(lambda v: int(v * 0.6)))
-
-
-def with_eager_attention(model):
-    """Attention weights are only returned by the eager implementation."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.set_attn_implementation("eager")
-    return model
-
-
 # --- The stage ----------------------------------------------------------------------------------
 
 def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, adapter_dir: Path, reports_dir: Path,
@@ -295,9 +256,8 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
                         share, grids[name] = image_attention(model, processor, row, completions_ids[(split, name)][i])
                     shares[split][name].append(share)
                 low, high = min(g.min() for g in grids.values()), max(g.max() for g in grids.values())
-                panels = [row["image"].convert("RGB"), *(heatmap(row["image"], grids[name], low, high)
-                                                         for name in MODELS)]
-                _side_by_side(panels).save(tmp / f"{row['id']}.png")
+                attention_sheet(row["image"], {name: grids[name] for name in MODELS}, low, high,
+                                row["question"]).save(tmp / f"{row['id']}.png")
     for split in splits:
         for name in MODELS:
             metrics[split][name]["attention_on_image"] = _mean(shares[split][name]) if shares[split][name] else None
@@ -309,7 +269,25 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
     write_predictions(reports_dir / "predictions.jsonl", records)
     write_plots(reports_dir / "plots", records)
     write_json(reports_dir / "metrics.json", metrics)
+    write_json(reports_dir / "headline.json", headline(metrics))
     return metrics
+
+
+def headline(metrics: dict) -> dict:
+    """The few numbers `dvc exp show` and `dvc metrics show` print (the rest stays in metrics.json): test
+    accuracy of base and trained, the gain with its paired interval and McNemar's p, the warm start made to
+    describe where there is one, and out-of-distribution accuracy."""
+    out = {}
+    if "test" in metrics:
+        test, gain = metrics["test"], metrics["test"]["trained_minus_base"]
+        out["test"] = {"base": test["base"]["accuracy"], "trained": test["trained"]["accuracy"],
+                       "gain": gain["accuracy"], "gain_low": gain["accuracy_ci95"][0],
+                       "gain_high": gain["accuracy_ci95"][1], "mcnemar_p": gain["mcnemar_p"]}
+        if DESCRIBED in test:
+            out["test"]["described"] = test[DESCRIBED]["accuracy"]
+    if "ood" in metrics:
+        out["ood"] = {"base": metrics["ood"]["base"]["accuracy"], "trained": metrics["ood"]["trained"]["accuracy"]}
+    return out
 
 
 def sampled_pass_rates(model, processor, splits: dict, names: tuple[str, ...], params: EvaluateParams, train,
@@ -332,15 +310,6 @@ def sampled_pass_rates(model, processor, splits: dict, names: tuple[str, ...], p
                                       train.top_p, train.top_k, params.batch_size, forbidden.get(name))
             passes[(split, name)] = {**pass_rates(right, n, params.pass_k), "images": images, "samples_per_image": n}
     return passes
-
-
-def _side_by_side(panels: list[Image.Image]) -> Image.Image:
-    """image | base attention | trained attention."""
-    width, height = panels[0].size
-    sheet = Image.new("RGB", (width * len(panels), height), "white")
-    for i, panel in enumerate(panels):
-        sheet.paste(panel, (i * width, 0))
-    return sheet
 
 
 def write_predictions(path: Path, records: dict[tuple[str, str], list[dict]]) -> None:

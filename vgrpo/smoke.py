@@ -346,4 +346,7 @@ def run_smoke(config: Config, dtype: str, merged_dir: Path, gguf_dir: Path, data
     metrics["gate"] = {"passed": not failures, "failures": failures}
     write_jsonl(Path(reports_dir) / "predictions.jsonl", records)
     write_json(Path(reports_dir) / "metrics.json", metrics)
+    # the headline `dvc exp show` prints: the verdict, and the worst counting accuracy of a shipped file
+    write_json(Path(reports_dir) / "headline.json", {
+        "passed": not failures, "gguf_accuracy": min((m["accuracy"] for m in files.values()), default=None)})
     return metrics, failures

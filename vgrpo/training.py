@@ -26,7 +26,7 @@ from vgrpo import base, memory, models
 from vgrpo.config import Config, ConfigError, TrainParams
 from vgrpo.curves import LiveCurves
 from vgrpo.devices import trainer_precision
-from vgrpo.files import atomic_dir, detach, replace_dir
+from vgrpo.files import atomic_dir, detach, replace_dir, write_json
 from vgrpo.generation import greedy_accuracy, next_token_logits
 from vgrpo.prompts import hf_messages
 from vgrpo.rewards import reward_functions
@@ -385,4 +385,6 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
         live.summary[key] = value
     live.make_summary()
     live.end()
+    write_json(reports_dir / "headline.json", {key: summary[key] for key in ("steps", "seconds_per_step",
+                                                                             "zero_spread_groups")})
     return summary
