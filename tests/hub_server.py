@@ -53,8 +53,23 @@ What the real client does with it (huggingface_hub 1.33.0, measured), worth know
   snapshot_download(revision="main") LocalEntryNotFoundError at once; hf_hub_download (so transformers'
   from_pretrained by repo id) retries 5 times (1+2+4+8+8 s) and raises LocalEntryNotFoundError after ~23 s.
 
-Not served: datasets and spaces, uploads, `expand`, pagination (listings come in one page), Range
-requests. Files are read from `files_dir` when requested: leave the directory unchanged while served.
+Uploads, as `HfApi.create_repo` and `upload_folder` make them without hf_xet (HF_HUB_DISABLE_XET=1: the
+Xet storage protocol has no stand-in here), each refused with 401 unless it carries the `write_token`
+given to FakeHub:
+
+    POST      /api/repos/create                                      create_repo (409 when it exists)
+    POST      /api/validate-yaml                                     README.md's metadata, before a commit
+    POST      /api/models/{repo}/preupload/{rev}                     which files go to LFS
+    POST      /{repo}.git/info/lfs/objects/batch                     LFS upload actions (basic transfer)
+    PUT       /lfs-upload/{sha256}, POST /lfs-verify                 the LFS object itself, then its check
+    POST      /api/models/{repo}/commit/{rev}                        the NDJSON commit: a new commit on rev
+
+A commit keeps the files of the commit it extends and adds its own, so what was uploaded downloads back
+through the routes above. `uploads` lists (repo, path) of every file committed.
+
+Not served: datasets and spaces, `expand`, pagination (listings come in one page), Range requests,
+multipart LFS uploads. Files are read from `files_dir` when requested: leave the directory unchanged while
+served.
 """
 
 from __future__ import annotations
@@ -72,7 +87,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-LFS_SUFFIXES = (".safetensors",)
+LFS_SUFFIXES = (".safetensors", ".gguf")
 # LFS downloads leave the hub for a CDN on another host; the client then reads the file's metadata from
 # the 302 itself and drops the Authorization header. "localhost" reaches this server under another name.
 CDN_HOST = "localhost"
@@ -89,6 +104,15 @@ _ROUTES = [
     ("tree", re.compile(rf"^/api/models/{_REPO}/tree/{_REV}(?:/(?P<path>.*))?$")),
     ("resolve", re.compile(rf"^/{_REPO}/resolve/{_REV}/(?P<path>.+)$")),
     ("cdn", re.compile(r"^/cdn-lfs/(?P<sha256>[0-9a-f]{64})$")),
+]
+_UPLOAD_ROUTES = [
+    ("create_repo", re.compile(r"^/api/repos/create$")),
+    ("validate_yaml", re.compile(r"^/api/validate-yaml$")),
+    ("preupload", re.compile(rf"^/api/models/{_REPO}/preupload/{_REV}$")),
+    ("lfs_batch", re.compile(rf"^/{_REPO}\.git/info/lfs/objects/batch$")),
+    ("lfs_upload", re.compile(r"^/lfs-upload/(?P<sha256>[0-9a-f]{64})$")),
+    ("lfs_verify", re.compile(r"^/lfs-verify$")),
+    ("commit", re.compile(rf"^/api/models/{_REPO}/commit/{_REV}$")),
 ]
 
 
@@ -213,10 +237,13 @@ class _HubError(Exception):
 class FakeHub:
     """Model repos served over HTTP like huggingface.co; a context manager that starts and stops it."""
 
-    def __init__(self):
+    def __init__(self, write_token: str | None = None):
         self._repos: dict[str, _Repo] = {}
         self._lfs: dict[str, _File] = {}  # sha256 -> file: the CDN is content-addressed
         self.requests: list[str] = []  # "METHOD /path?query" of every request, in arrival order
+        self.write_token = write_token  # uploads carry it as `Authorization: Bearer <token>`, or get 401
+        self.uploads: list[tuple[str, str]] = []  # (repo, path) of every file committed
+        self._upload_dir: Path | None = None  # where uploaded files live while served
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
@@ -261,6 +288,9 @@ class FakeHub:
         return env
 
     def start(self) -> FakeHub:
+        import tempfile
+
+        self._upload_dir = Path(tempfile.mkdtemp(prefix="fakehub-"))
         handler = type("Handler", (_Handler,), {"hub": self})
         self._server = _Server(("127.0.0.1", 0), handler)
         self.port = self._server.server_address[1]
@@ -274,12 +304,32 @@ class FakeHub:
             self._server.server_close()
             self._thread.join()
             self._server = self._thread = None
+        if self._upload_dir is not None:
+            shutil.rmtree(self._upload_dir, ignore_errors=True)
+            self._upload_dir = None
 
     def __enter__(self) -> FakeHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def repo_files(self, repo_id: str, rev: str = "main") -> dict[str, bytes]:
+        """Every file of a repo at `rev` (a branch, tag or commit), read back: what a download would give."""
+        repo = self._repos[repo_id]
+        return {path: file.disk.read_bytes() for path, file in repo.commits[repo.refs.get(rev, rev)].items()}
+
+    def _commit(self, repo_id: str, rev: str, added: dict[str, _File]) -> str:
+        """A new commit on branch `rev`: the files of the commit it points at, with `added` on top."""
+        repo = self._repos[repo_id]
+        files = {**(repo.commits[repo.refs[rev]] if rev in repo.refs else {}), **added}
+        trees = _tree_oids(files)
+        sha = _commit_oid(trees[""])
+        repo.commits[sha], repo.trees[sha] = files, trees
+        repo.refs[rev] = sha
+        self._lfs.update({f.sha256: f for f in files.values() if f.is_lfs})
+        self.uploads += [(repo_id, path) for path in added]
+        return sha
 
     def _lookup(self, repo_id: str, rev: str, token: str | None, *, files: bool) -> tuple[_Repo, str]:
         """The repo and the commit `rev` names, or the error the hub answers instead."""
@@ -319,9 +369,31 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.hub.requests.append(f"{self.command} {self.path}")
-        self._send_json(405, {"error": "FakeHub serves downloads only"})
+        url = urlsplit(self.path)
+        for name, pattern in _UPLOAD_ROUTES:
+            if match := pattern.match(url.path):
+                args = {k: unquote(v) for k, v in match.groupdict().items() if v is not None}
+                try:
+                    if self.hub.write_token is None or self._token() != self.hub.write_token:
+                        raise _HubError(401, "Unauthorized", "Invalid credentials in Authorization header")
+                    getattr(self, f"_{name}")(self._body(), **args)
+                except _HubError as err:
+                    self._send_json(err.status, {"error": err.message}, err.headers,
+                                    {"X-Error-Code": err.code, "X-Error-Message": err.message})
+                return
+        self._send_json(405, {"error": f"FakeHub does not serve {self.command} {url.path}"})
 
     do_PUT = do_DELETE = do_PATCH = do_POST
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while (size := int(self.rfile.readline().strip() or b"0", 16)) > 0:
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            self.rfile.readline()
+            return b"".join(chunks)
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def log_message(self, format, *args):  # tests read hub.requests, not stderr
         pass
@@ -392,6 +464,79 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(404, {"error": "Not Found"})
         else:
             self._send_file(file, {"ETag": f'"{sha256}"'})
+
+    # --- uploads ---
+
+    def _create_repo(self, body: bytes) -> None:
+        payload = json.loads(body)
+        repo_id = "/".join(p for p in (payload.get("organization"), payload["name"]) if p)
+        if repo_id in self.hub._repos:
+            raise _HubError(409, "RepoExists", "You already created this model repo",
+                            {"X-Error-Url": f"{self.hub.endpoint}/{repo_id}"})
+        self.hub._repos[repo_id] = _Repo()
+        self._send_json(200, {"url": f"{self.hub.endpoint}/{repo_id}", "name": repo_id})
+
+    def _validate_yaml(self, body: bytes) -> None:
+        self._send_json(200, {"errors": [], "warnings": []})
+
+    def _preupload(self, body: bytes, repo: str, rev: str) -> None:
+        if repo not in self.hub._repos:
+            raise _HubError(404, "RepoNotFound", "Repository not found")
+        files = json.loads(body)["files"]
+        self._send_json(200, {"files": [{"path": f["path"], "shouldIgnore": False, "oid": None,
+                                         "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular"}
+                                        for f in files]})
+
+    def _lfs_batch(self, body: bytes, repo: str) -> None:
+        objects = []
+        for obj in json.loads(body)["objects"]:
+            entry = {"oid": obj["oid"], "size": obj["size"], "authenticated": True}
+            if obj["oid"] not in self.hub._lfs:  # a blob the hub has is not uploaded again
+                entry["actions"] = {"upload": {"href": f"{self.hub.endpoint}/lfs-upload/{obj['oid']}"},
+                                    "verify": {"href": f"{self.hub.endpoint}/lfs-verify"}}
+            objects.append(entry)
+        self._send_json(200, {"transfer": "basic", "objects": objects})
+
+    def _lfs_upload(self, body: bytes, sha256: str) -> None:
+        if hashlib.sha256(body).hexdigest() != sha256:
+            raise _HubError(400, "BadRequest", "sha256 mismatch")
+        disk = self.hub._upload_dir / "lfs" / sha256
+        disk.parent.mkdir(parents=True, exist_ok=True)
+        disk.write_bytes(body)
+        pointer = _lfs_pointer(sha256, len(body))
+        self.hub._lfs[sha256] = _File(disk, len(body), _git_oid("blob", pointer), sha256, len(pointer))
+        self._send_json(200, {})
+
+    def _lfs_verify(self, body: bytes) -> None:
+        if json.loads(body)["oid"] not in self.hub._lfs:
+            raise _HubError(404, "EntryNotFound", "LFS object not found")
+        self._send_json(200, {})
+
+    def _commit(self, body: bytes, repo: str, rev: str) -> None:
+        import base64
+
+        if repo not in self.hub._repos:
+            raise _HubError(404, "RepoNotFound", "Repository not found")
+        added = {}
+        for line in body.splitlines():
+            item = json.loads(line)
+            value = item["value"]
+            if item["key"] == "file":
+                content = base64.b64decode(value["content"])
+                disk = self.hub._upload_dir / "blobs" / hashlib.sha256(content).hexdigest()
+                disk.parent.mkdir(parents=True, exist_ok=True)
+                disk.write_bytes(content)
+                added[value["path"]] = _File(disk, len(content), _git_oid("blob", content),
+                                             hashlib.sha256(content).hexdigest(), None)
+            elif item["key"] == "lfsFile":
+                if value["oid"] not in self.hub._lfs:
+                    raise _HubError(422, "BadRequest", f"LFS object {value['oid']} was not uploaded")
+                added[value["path"]] = self.hub._lfs[value["oid"]]
+            elif item["key"] != "header":
+                raise _HubError(422, "BadRequest", f"FakeHub does not commit {item['key']}")
+        sha = self.hub._commit(repo, rev, added)
+        self._send_json(200, {"commitUrl": f"{self.hub.endpoint}/{repo}/commit/{sha}", "commitOid": sha,
+                              "pullRequestUrl": None})
 
     # --- responses ---
 

@@ -32,11 +32,29 @@ def read_metrics(path: Path, stage: str) -> dict:
         raise VgrpoError(f"{path}: not valid JSON ({err}); run the {stage} stage again") from None
 
 
+# llama.cpp's repacked CPU weights crash (SIGSEGV) on quantized files in VMs whose CPU advertises AMX
+# without enabling it: the commands carry --no-repack, and the card says why beside them.
+NO_REPACK = "--no-repack"
+NO_REPACK_WHY = ("`--no-repack` keeps llama.cpp off its repacked CPU weights, which crash on quantized files "
+                 "in virtual machines whose CPU advertises AMX without enabling it; drop it elsewhere for speed.")
+
+
 def mtmd_cli_command(text_file: str, projector_file: str, question: str) -> str:
     """llama-mtmd-cli with the image before the text, as the model was trained (TRL and our prompt put
-    the image first; without the marker, llama-mtmd-cli would put the image after the text)."""
-    return (f'llama-mtmd-cli -m {text_file} --mmproj {projector_file} --image shapes.png --temp 0 \\\n'
+    the image first; without the marker, llama-mtmd-cli would put the image after the text), greedy."""
+    return (f'llama-mtmd-cli -m {text_file} --mmproj {projector_file} --image shapes.png --temp 0 {NO_REPACK} \\\n'
             f'  -p "{IMAGE_MARKER}{prompt_text(question)}"')
+
+
+def server_command(text_file: str, projector_file: str) -> str:
+    return f"llama-server -m {text_file} --mmproj {projector_file} --port 8080 {NO_REPACK}"
+
+
+def what_it_is(tiny: bool) -> str:
+    """The title's claim: what the runs show GRPO did, no more (the card's sections give the figures)."""
+    if tiny:
+        return "a tiny Qwen3-VL from the pipeline's CPU run, GRPO with a LoRA on a shape-counting task"
+    return "Qwen3-VL with a GRPO-trained LoRA for counting shapes"
 
 
 def decoding(evaluation: dict) -> str:
@@ -123,24 +141,34 @@ decoding is the choice of the described style.
 """
 
 
-def card_metadata(source: dict, evaluation: dict, model_name: str, tiny: bool):
-    """Hugging Face model-card metadata: the base model (for a hub base), license, pipeline tag, tags,
-    and a model-index with the trained model's accuracy on each split."""
+REPORTED_SPLITS = ("test", "ood")  # val chose the recipe's step count: not reported as a result
+
+
+def card_metadata(evaluation: dict, model_name: str, tiny: bool, base_model: str | None,
+                  relation: str | None = None, library: str = "gguf"):
+    """Hugging Face model-card metadata: the base model and how this model relates to it (the Hub's model
+    tree), license, pipeline tag, library, tags, and a model-index with the trained model's accuracy on the
+    splits that report results (test, ood; not val, which chose the recipe)."""
     from huggingface_hub import EvalResult, ModelCardData
 
     results = [EvalResult(task_type="image-text-to-text", task_name="shape counting", dataset_type="synthetic-shapes",
                           dataset_name=f"synthetic shapes ({split})", dataset_split=split, metric_type="accuracy",
-                          metric_name=f"{split} accuracy", metric_value=round(m["trained"]["accuracy"], 4))
-               for split, m in evaluation.items() if isinstance(m, dict) and "trained" in m]
-    return ModelCardData(base_model=source["name"] if source["kind"] == "hub" else None, license="apache-2.0",
-                         pipeline_tag="image-text-to-text", library_name="gguf", model_name=model_name,
+                          metric_name=f"{split} accuracy",
+                          metric_value=round(evaluation[split]["trained"]["accuracy"], 4))
+               for split in REPORTED_SPLITS if isinstance(evaluation.get(split), dict)]
+    extra = {"base_model_relation": relation} if base_model and relation else {}
+    return ModelCardData(base_model=base_model, license="apache-2.0", pipeline_tag="image-text-to-text",
+                         library_name=library, model_name=model_name,
                          tags=["qwen3_vl", "grpo", "lora", "gguf", "llama.cpp", "vision-language", "counting"]
-                         + (["tiny", "cpu"] if tiny else []), eval_results=results or None)
+                         + (["tiny", "cpu"] if tiny else []), eval_results=results or None, **extra)
 
 
 def model_card(base_dir: Path, adapter_dir: Path, gguf_dir: Path, data_dir: Path, eval_metrics: Path,
-               smoke_metrics: Path, profile: str = "full") -> str:
-    """README.md for models/: what the model is, how it was made, what was measured, how to run it."""
+               smoke_metrics: Path, profile: str = "full", files_prefix: str = "gguf/", gguf_repo: str | None = None,
+               base_model: str | None = "source", relation: str | None = None) -> str:
+    """README.md for models/ (files under `files_prefix`), or for a GGUF repo on the Hub (`gguf_repo`, files at
+    its root): what the model is, how it was made, what was measured, how to run it. `base_model`: the
+    metadata's base model ("source": the hub model the run started from, if any) and `relation` to it."""
     evaluation, smoke = read_metrics(eval_metrics, "evaluate"), read_metrics(smoke_metrics, "smoke")
     source = base.read_source(base_dir)
     texts, projector = find_gguf_files(gguf_dir)
@@ -166,21 +194,30 @@ def model_card(base_dir: Path, adapter_dir: Path, gguf_dir: Path, data_dir: Path
     else:
         origin = f"`{base.describe(source)}`"
     quantized = [t for t in texts if t.file_type not in ("f16", "f32", "bf16")]
-    best, mmproj = f"gguf/{(quantized or texts)[0].path.name}", f"gguf/{projector.path.name}"  # from models/
+    best, mmproj = f"{files_prefix}{(quantized or texts)[0].path.name}", f"{files_prefix}{projector.path.name}"
     question = question_for("circles")
     files = [f"| `{info.path.name}` | {'vision projector' if info is projector else 'text model'} | {info.file_type} "
              f"| {info.path.stat().st_size / 2**20:.1f} MiB |" for info in [*texts, projector]]
     gate = "passed" if smoke["gate"]["passed"] else "FAILED: " + "; ".join(smoke["gate"]["failures"])
     name = projector.path.name.removeprefix("mmproj-").rsplit("-", 1)[0]  # the GGUF stem: Qwen3-VL-...-shapes-grpo
-    metadata = card_metadata(source, evaluation, name, tiny)
-    title = (f"# {name}: a tiny Qwen3-VL post-trained with GRPO to count shapes, on a CPU (GGUF for llama.cpp)"
-             if tiny else f"# {name}: Qwen3-VL post-trained with GRPO to count shapes (GGUF for llama.cpp)")
+    hub_base = source["name"] if source["kind"] == "hub" else None
+    metadata = card_metadata(evaluation, name, tiny, hub_base if base_model == "source" else base_model, relation)
+    title = f"# {name}: {what_it_is(tiny)} (GGUF for llama.cpp)"
+    hub_line = "" if gguf_repo is None else f"""
+From the Hub, llama.cpp picks the quantization and the projector by the repo's file names:
+
+```bash
+llama-server -hf {gguf_repo}:{(quantized or texts)[0].file_type.upper()} {NO_REPACK}
+```
+"""
+    where = (" (`gguf/`); the merged transformers model is `merged/`, the LoRA adapter alone `adapter/`"
+             if gguf_repo is None else f"; the merged transformers model and the LoRA adapter have repos of their own "
+             f"(`{gguf_repo.removesuffix('-GGUF')}`, `{gguf_repo.removesuffix('-GGUF')}-LoRA`)")
     body = f"""{title}
 
 Asked how many {shapes.replace(", ", ", or ")} are in a {size} image on white, it answers with its
 reasoning and a count. Exported for llama.cpp as a text model plus a separate vision projector (`mmproj`),
-which llama.cpp loads together (`gguf/`); the merged transformers model is `merged/`, the LoRA adapter
-alone `adapter/`.
+which llama.cpp loads together{where}.
 
 - Made by the vgrpo pipeline, profile `{profile}` (`dvc exp run -S profile={profile}`).
 - Base model: {origin}.
@@ -226,7 +263,7 @@ The model was trained and evaluated on exactly this prompt, the image first, the
 
 ## Run it
 
-llama.cpp (`llama-mtmd-cli`, one question; `{IMAGE_MARKER}` puts the image before the text):
+llama.cpp (`llama-mtmd-cli`, one question; `{IMAGE_MARKER}` puts the image before the text). {NO_REPACK_WHY}
 
 ```bash
 {mtmd_cli_command(best, mmproj, question)}
@@ -235,9 +272,9 @@ llama.cpp (`llama-mtmd-cli`, one question; `{IMAGE_MARKER}` puts the image befor
 llama.cpp server (OpenAI-compatible; send the image as an `image_url` content part before the text):
 
 ```bash
-llama-server -m {best} --mmproj {mmproj} --port 8080
+{server_command(best, mmproj)}
 ```
-
+{hub_line}
 llama-cpp-python:
 
 ```python
@@ -276,7 +313,61 @@ ollama create shapes-counter -f Modelfile --quantize q4_K_M
 - Image-token budget: llama.cpp picks the number of image tokens itself from the image size; the model was
   trained and evaluated with the same budget at {size}. Other image sizes are untested.
 - In virtual machines whose CPU advertises AMX without enabling it, llama.cpp's repacked CPU weights crash
-  on quantized files: pass `--no-repack` to the llama.cpp tools.
+  on quantized files: the commands above carry `--no-repack` for that reason.
 {"- A tiny model trained on a CPU: a demonstration of the pipeline, not a useful counter." if tiny else ""}
+"""
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}").content
+
+
+def hub_card(kind: str, run_dir: Path, ids: dict[str, str], profile: str, base_model: str | None,
+             relation: str | None) -> str:
+    """The card of one published repo (vgrpo.publish): the run's full card for the GGUF repo (its files at
+    the root, the `llama-server -hf` line), a short one for the merged model and for the adapter."""
+    paths = (run_dir / "models/base", run_dir / "models/adapter", run_dir / "models/gguf", run_dir / "data/shapes",
+             run_dir / "reports/eval/metrics.json", run_dir / "reports/smoke/metrics.json")
+    if kind == "gguf":
+        return model_card(*paths, profile=profile, files_prefix="", gguf_repo=ids["gguf"], base_model=base_model,
+                          relation=relation)
+    evaluation = read_metrics(paths[4], "evaluate")
+    source = base.read_source(paths[0])
+    tiny = source["kind"] == "tiny"
+    name = ids[kind].split("/", 1)[1]
+    metadata = card_metadata(evaluation, name, tiny, base_model, relation,
+                             library="transformers" if kind == "merged" else "peft")
+    origin = f"`{base_model}`" if base_model else f"{base.describe(source)} (not on the Hub)"
+    if kind == "merged":
+        what = "The LoRA adapter merged into the base: a transformers model (safetensors, processor, chat template)."
+        load = f"""```python
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+model = AutoModelForImageTextToText.from_pretrained("{ids['merged']}")
+processor = AutoProcessor.from_pretrained("{ids['merged']}")
+```"""
+    else:
+        what = "The LoRA adapter alone (PEFT, safetensors), to load on the base model."
+        base_id = base_model or "<the base model>"
+        load = f"""```python
+from peft import PeftModel
+from transformers import AutoModelForImageTextToText
+
+model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained("{base_id}"), "{ids['adapter']}")
+```"""
+    body = f"""# {name}: {what_it_is(tiny)}
+
+{what} Base model: {origin}. Made by the vgrpo pipeline, profile `{profile}`; the GGUF files for llama.cpp are
+in [{ids['gguf']}](../{ids['gguf']}), the merged model in [{ids['merged']}](../{ids['merged']}), the adapter
+in [{ids['adapter']}](../{ids['adapter']}). The GGUF repo's card has the full evaluation, the data and what
+llama.cpp measured.
+
+## Evaluation (transformers, {decoding(evaluation)}, base vs trained on the same images and prompt)
+
+{evaluation_table(evaluation)}
+
+## Load it
+
+{load}
+
+Prompt: the image first, then `{prompt_text(question_for("circles"))}`; the answer is
+`<REASONING>...</REASONING><SOLUTION>n</SOLUTION>`.
 """
     return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}").content

@@ -281,8 +281,8 @@ def headline(metrics: dict) -> dict:
     if "test" in metrics:
         test, gain = metrics["test"], metrics["test"]["trained_minus_base"]
         out["test"] = {"base": test["base"]["accuracy"], "trained": test["trained"]["accuracy"],
-                       "gain": gain["accuracy"], "gain_low": gain["accuracy_ci95"][0],
-                       "gain_high": gain["accuracy_ci95"][1], "mcnemar_p": gain["mcnemar_p"]}
+                       "gain": gain["accuracy"], "low": gain["accuracy_ci95"][0], "high": gain["accuracy_ci95"][1],
+                       "p": gain["mcnemar_p"]}  # the gain's paired 95% interval, McNemar's p
         if DESCRIBED in test:
             out["test"]["described"] = test[DESCRIBED]["accuracy"]
     if "ood" in metrics:
