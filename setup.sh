@@ -7,6 +7,8 @@
 #                                     # is on PATH); the Docker image does this
 #   PYTHON=python3.13 ./setup.sh      # this interpreter, not the first supported one on PATH
 #   SETUP_PREREQS_ONLY=1 ./setup.sh   # only the checks below (and the root installs), no venv
+# It also builds llama.cpp's llama-mtmd-cli and llama-server from the same sdist, once per machine, into
+# ~/.cache/vgrpo (VGRPO_CACHE), linked into the venv's bin/.
 # VENV_DIR puts the venv elsewhere (the Docker image: /opt/venv, so that mounting a clone over
 # /workspace does not hide it); code finds the converter at <venv>/llama.cpp.
 #
@@ -90,7 +92,8 @@ fi
 
 stamp="$venv/.setup-stamp"
 want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)-${extras}-$(command -v nvcc || true)
-if [ -z "${SETUP_PREREQS_ONLY:-}" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+if [ -z "${SETUP_PREREQS_ONLY:-}" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+    && [ -x "$venv/bin/llama-server" ] && [ -x "$venv/bin/llama-mtmd-cli" ]; then
     echo "setup: $venv is up to date"
     exit 0
 fi
@@ -203,12 +206,17 @@ run_logged "installing the pinned dependencies" "$tmp/install.log" \
 # --no-binary names the package: pip prepares the sdist's metadata, and with :all: the CMake and
 # Ninja that scikit-build-core asks for (on a machine without them) would be built from source.
 llama_files_version="${llama_version}+files2"
-if [ "$(cat "$venv/llama.cpp/VERSION" 2>/dev/null)" != "$llama_files_version" ]; then
+sdist="$tmp/llama_cpp_python-${llama_version}.tar.gz"
+src="llama_cpp_python-${llama_version}/vendor/llama.cpp"
+fetch_sdist() {
+    [ -f "$sdist" ] && return
     "$venv/bin/python" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
         "llama-cpp-python==${llama_version}" -d "$tmp"
-    echo "${llama_sdist_sha256}  $tmp/llama_cpp_python-${llama_version}.tar.gz" | sha256sum --check --quiet
-    src="llama_cpp_python-${llama_version}/vendor/llama.cpp"
-    tar -xzf "$tmp/llama_cpp_python-${llama_version}.tar.gz" -C "$tmp" \
+    echo "${llama_sdist_sha256}  $sdist" | sha256sum --check --quiet
+}
+if [ "$(cat "$venv/llama.cpp/VERSION" 2>/dev/null)" != "$llama_files_version" ]; then
+    fetch_sdist
+    tar -xzf "$sdist" -C "$tmp" \
         "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$src/LICENSE" \
         "$src/models/ggml-vocab-qwen2.gguf" "$src/models/ggml-vocab-qwen2.gguf.inp" \
         "$src/models/ggml-vocab-qwen2.gguf.out"
@@ -216,6 +224,30 @@ if [ "$(cat "$venv/llama.cpp/VERSION" 2>/dev/null)" != "$llama_files_version" ];
     rm -rf "$venv/llama.cpp"
     mv "$tmp/$src" "$venv/llama.cpp"
 fi
+
+# llama.cpp's own command-line tools, llama-mtmd-cli and llama-server, from the same sdist (the model card's
+# commands; the tests run them). Built once per machine into the cache (a few minutes on 2 cores), then
+# linked into the venv's bin/. For this CPU (GGML_NATIVE), without HTTPS and the web UI download: the card's
+# `llama-server -hf` line wants a llama.cpp with HTTPS, as release builds have.
+tools_dir="${VGRPO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgrpo}/llama.cpp-tools-${llama_version}-$(uname -m)"
+if [ ! -x "$tools_dir/llama-server" ] || [ ! -x "$tools_dir/llama-mtmd-cli" ]; then
+    command -v cmake >/dev/null || die "building llama-mtmd-cli and llama-server needs cmake (Debian: apt-get install cmake)"
+    fetch_sdist
+    tar -xzf "$sdist" -C "$tmp" "$src"
+    generator=()
+    if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+    echo "setup: building llama-mtmd-cli and llama-server (once per machine, a few minutes on 2 cores)..."
+    run_logged "configuring llama.cpp's tools" "$tmp/tools-configure.log" cmake -S "$tmp/$src" -B "$tmp/tools" \
+        "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+    run_logged "building llama.cpp's tools" "$tmp/tools-build.log" cmake --build "$tmp/tools" \
+        --target llama-mtmd-cli llama-server -j "$(nproc)"
+    mkdir -p "$tools_dir.new"
+    cp "$tmp/tools/bin/llama-mtmd-cli" "$tmp/tools/bin/llama-server" "$tools_dir.new/"
+    rm -rf "$tools_dir"
+    mv "$tools_dir.new" "$tools_dir"
+fi
+ln -sf "$tools_dir/llama-mtmd-cli" "$tools_dir/llama-server" "$venv/bin/"
 
 echo "$want" > "$stamp"
 echo "setup: done ($venv ready; activate with: source $venv/bin/activate)"

@@ -55,7 +55,7 @@ What the real client does with it (huggingface_hub 1.33.0, measured), worth know
 
 Uploads, as `HfApi.create_repo` and `upload_folder` make them without hf_xet (HF_HUB_DISABLE_XET=1: the
 Xet storage protocol has no stand-in here), each refused with 401 unless it carries the `write_token`
-given to FakeHub:
+given to FakeHub (but the LFS PUT, which goes to a pre-signed storage URL, as on the Hub):
 
     POST      /api/repos/create                                      create_repo (409 when it exists)
     POST      /api/validate-yaml                                     README.md's metadata, before a commit
@@ -373,8 +373,8 @@ class _Handler(BaseHTTPRequestHandler):
         for name, pattern in _UPLOAD_ROUTES:
             if match := pattern.match(url.path):
                 args = {k: unquote(v) for k, v in match.groupdict().items() if v is not None}
-                try:
-                    if self.hub.write_token is None or self._token() != self.hub.write_token:
+                try:  # an LFS upload goes to the storage's pre-signed URL, without the token (as to S3)
+                    if name != "lfs_upload" and (self.hub.write_token is None or self._token() != self.hub.write_token):
                         raise _HubError(401, "Unauthorized", "Invalid credentials in Authorization header")
                     getattr(self, f"_{name}")(self._body(), **args)
                 except _HubError as err:

@@ -35,9 +35,50 @@ def test_every_stage_ran(tiny_pipeline):
 
 def test_every_declared_metric_file_exists_and_parses(tiny_pipeline):
     metrics = declared(tiny_pipeline, "metrics")
-    assert {"reports/train/metrics.json", "reports/eval/metrics.json", "reports/smoke/metrics.json"} <= set(metrics)
+    assert metrics == ["reports/train/headline.json", "reports/eval/headline.json", "reports/smoke/headline.json"]
     for path in metrics:
         assert isinstance(json.loads((tiny_pipeline / path).read_text()), dict), path
+
+
+def test_metrics_show_has_about_a_dozen_numbers(tiny_pipeline):
+    """The headline files `dvc metrics show` and `dvc exp show` print; every figure stays in the stages'
+    metrics.json outputs."""
+    shown = json.loads(run(["dvc", "metrics", "show", "--json"], tiny_pipeline).stdout)
+    numbers = []
+
+    def leaves(value):
+        if isinstance(value, dict):
+            for item in value.values():
+                leaves(item)
+        else:
+            numbers.append(value)
+
+    for files in shown.values():
+        for data in files["data"].values():
+            leaves(data["data"])
+    assert 10 <= len(numbers) <= 16, numbers
+    headline = json.loads((tiny_pipeline / "reports/eval/headline.json").read_text())
+    evaluation = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())
+    assert headline["test"]["trained"] == evaluation["test"]["trained"]["accuracy"]
+    interval = evaluation["test"]["trained_minus_base"]["accuracy_ci95"]
+    assert [headline["test"]["low"], headline["test"]["high"]] == interval
+    assert json.loads((tiny_pipeline / "reports/smoke/headline.json").read_text())["passed"] is True
+
+
+def test_the_readmes_exp_show_fits_120_columns(tiny_pipeline):
+    """The README's `dvc exp show` line: the run's headline in a table no wider than a 120-column terminal,
+    nothing cut (DVC cuts columns it cannot fit with an ellipsis)."""
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("dvc exp show --drop"))
+    command = line.split("  #")[0].strip()
+    result = run(f"COLUMNS=120 {command} --no-pager", tiny_pipeline)
+    rows = result.stdout.splitlines()
+    assert rows and max(len(row.rstrip()) for row in rows) <= 120 and "…" not in result.stdout, result.stdout
+    header = next(row for row in rows if "Experiment" in row)
+    for column in ("test.trained", "test.gain", "test.low", "test.high", "ood.trained", "passed", "profile"):
+        assert column in header, header
     for path in declared(tiny_pipeline, "plots"):
         assert (tiny_pipeline / path).exists(), path
 
@@ -48,7 +89,7 @@ def test_the_tiny_run_trains_a_model_that_differs_from_its_base(tiny_pipeline):
     from safetensors.torch import load_file
 
     train = json.loads((tiny_pipeline / "reports/train/metrics.json").read_text())
-    assert train["adapter_changed"] is True and train["zero_spread_steps"] < 1.0
+    assert train["adapter_changed"] is True and train["zero_spread_steps"] < 1.0 and train["zero_spread_groups"] < 1.0
     adapter = load_file(str(tiny_pipeline / "models/adapter/adapter_model.safetensors"))
     assert max(t.abs().max().item() for name, t in adapter.items() if "lora_B" in name) > 0
     evaluation = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())

@@ -64,7 +64,7 @@ def repo_card(kind: str, run_dir: Path, ids: dict[str, str], profile: str) -> st
 
 def publish(run_dir: Path, user: str, name: str | None = None, private: bool = False, log=print) -> dict[str, str]:
     """Create (or reuse) the three repos and upload each folder with its card, one commit per repo.
-    Returns kind -> repo URL."""
+    Returns kind -> repo id."""
     from huggingface_hub import HfApi, get_token
 
     check_run(run_dir)
@@ -75,7 +75,6 @@ def publish(run_dir: Path, user: str, name: str | None = None, private: bool = F
     ids = repo_ids(user, name)
     profile = _params(run_dir).get("profile", "full")
     api = HfApi(token=token)
-    urls = {}
     for kind, repo_id in ids.items():
         with tempfile.TemporaryDirectory() as tmp:
             staging = Path(tmp)
@@ -86,9 +85,8 @@ def publish(run_dir: Path, user: str, name: str | None = None, private: bool = F
             api.create_repo(repo_id, private=private, exist_ok=True)
             commit = api.upload_folder(folder_path=staging, repo_id=repo_id,
                                        commit_message=f"Upload the {kind} model of a vgrpo run (profile {profile})")
-            urls[kind] = commit.repo_url.url if hasattr(commit, "repo_url") else str(commit)
-        log(f"publish: {FOLDERS[kind]} -> {urls[kind]}")
-    return urls
+        log(f"publish: {FOLDERS[kind]} -> {api.endpoint}/{repo_id} (commit {commit.oid})")
+    return ids
 
 
 def _params(run_dir: Path) -> dict:
