@@ -44,10 +44,7 @@ def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: bool) -
     if (folder / "done").exists():
         click.echo(f"seed {seed}: done before, kept", err=True)
         return
-    repo = folder / "repo"
-    if not repo.exists():
-        make_clone(repo)
-        sh(["dvc", "cache", "dir", "--local", str(work / "dvc-cache")], repo)
+    repo = prepare_clone(work, seed)
     click.echo(f"seed {seed}: dvc exp run (warm start, GRPO, evaluate) in {repo}", err=True)
     overrides = ["profile=cpu", f"base.seed={seed}", f"train.seed={seed}", *settings]
     command = ["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"]
@@ -63,6 +60,15 @@ def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: bool) -
         if result.returncode:
             raise SystemExit(f"seed {seed}: bench/controls.py failed, see {folder / 'controls.log'}")
     (folder / "done").write_text("")
+
+
+def prepare_clone(work: Path, seed: int) -> Path:
+    """The seed's clone of the pipeline (bench/pipeline.py's), sharing one DVC cache with the others."""
+    repo = work / f"seed-{seed}" / "repo"
+    if not repo.exists():
+        make_clone(repo)
+        sh(["dvc", "cache", "dir", "--local", str(work / "dvc-cache")], repo)
+    return repo
 
 
 def predictions(path: Path, split: str, model: str) -> dict[str, bool]:
@@ -166,6 +172,8 @@ def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[
          jobs: int, splits: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     if not report_only and seeds:
+        for seed in seeds:  # every clone first: each seed runs the code as it was when the command started
+            prepare_clone(work, seed)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(lambda seed: run_seed(work, seed, settings, controls), seeds))
     for split in splits:
