@@ -33,6 +33,14 @@ RUN_BY = {
     "dvc exp run -S profile=tiny -S evaluate.batch_size=4": "tests/test_evaluate.py",
     "dvc exp run -S profile=tiny -S generate.seed=7 generate": "tests/test_dvc_pipeline.py",
     "dvc exp show": "tests/test_pipeline_e2e.py",
+    "dvc exp show --drop '.*' --keep 'Experiment|profile|test\\.(trained|gain|low|high)$|ood\\.trained|passed'":
+        "tests/test_pipeline_e2e.py",
+    "dvc exp run --queue -S profile=tiny -S train.learning_rate=5e-5": "tests/test_dvc_queue.py",
+    "dvc exp run --queue -S profile=tiny -S train.learning_rate=2e-4": "tests/test_dvc_queue.py",
+    "dvc queue start": "tests/test_dvc_queue.py",
+    "dvc queue status": "tests/test_dvc_queue.py",
+    "dvc exp apply <experiment>": "tests/test_dvc_queue.py",
+    "dvc exp branch <experiment> <branch>": "tests/test_dvc_queue.py",
     "dvc params diff": "tests/test_pipeline_e2e.py",
     "dvc metrics show": "tests/test_evaluate.py",
     "dvc plots show": "tests/test_evaluate.py",
@@ -99,10 +107,13 @@ def all_test_sources() -> str:
 
 
 def test_ci_runs_the_readme_setup_and_test_commands():
+    """The setup command opens the README's first block; the test command opens the block that runs pytest."""
     readme = (ROOT / "README.md").read_text()
-    first_block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL).group(1).split("\n")
-    assert [line.split("  #")[0].strip() for line in first_block if line][:2] == [
-        "./setup.sh", ".venv/bin/python -m pytest -q"]
+    blocks = [[line.split("  #")[0].strip() for line in block.splitlines() if line]
+              for block in re.findall(r"```bash\n(.*?)```", readme, re.DOTALL)]
+    assert blocks[0][0] == "./setup.sh"
+    tests = next(b for b in blocks if b[0].startswith(".venv/bin/python -m pytest"))
+    assert tests[0] == ".venv/bin/python -m pytest -q"
     ci = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line and not line.startswith(("#", "set ",
                                                                                                           "cd "))]
     assert ci == ["./setup.sh", ".venv/bin/python -m pytest -q"]
@@ -167,6 +178,23 @@ def test_every_shown_script_exists_takes_its_options_and_a_test_runs_it():
                                                text=True, timeout=120).stdout
             for option in options:
                 assert option in helps[script], f"{doc}: {command!r}: {script} has no option {option}"
+
+
+def test_the_first_screen_holds_the_pitch_the_picture_setup_and_the_demo():
+    first = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
+    for shown in ("docs/preview.png", "./setup.sh", "dvc exp run -S profile=tiny", "dvc exp show", "dvc metrics show"):
+        assert shown in first, shown
+    assert (ROOT / "docs/preview.png").stat().st_size > 10_000
+
+
+def test_no_sentence_runs_past_50_words():
+    """Prose only: code blocks, tables and inline code spans are not sentences."""
+    for doc in (ROOT / "README.md",):
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+        prose = " ".join(line for line in text.splitlines() if not line.lstrip().startswith(("|", "#", "![")))
+        prose = re.sub(r"`[^`]*`", "X", prose)
+        for sentence in re.split(r"(?<=[.!?:;])\s+(?=[A-Z(`*\[-])", prose):
+            assert len(sentence.split()) <= 50, sentence
 
 
 def test_every_stage_has_help():

@@ -57,7 +57,7 @@ def published(tiny_pipeline, tmp_path_factory) -> Path:
     """The tiny pipeline's repo after the README's publish steps (commit, push) and a fresh clone's pull."""
     root = tmp_path_factory.mktemp("published")
     repo = copy_repo(tiny_pipeline, root / "repo")  # next to it, the default remote: root/vgrpo-dvc-storage
-    assert (repo / "checkpoints").is_dir()  # train's resumable checkpoints: local, never published
+    assert (repo / "checkpoints").is_dir()  # train's last checkpoint, a DVC output: a clone can resume from it
     outputs = run_publish_sequence(repo, root / "clone")
     return types.SimpleNamespace(repo=repo, clone=root / "clone", remote=root / "vgrpo-dvc-storage", outputs=outputs)
 
@@ -84,7 +84,7 @@ def test_a_published_run_pulls_clean_into_a_fresh_clone(published):
     outputs = published.outputs
     assert "pushed" in outputs["dvc push --run-cache"].lower()
     assert (published.remote / "runs").is_dir()  # the run-cache went too
-    assert not (published.clone / "checkpoints").exists()  # not in git, not in the remote
+    assert list((published.clone / "checkpoints").glob("checkpoint-*"))  # pulled: resuming works in the clone
     assert "Data and pipelines are up to date." in outputs["dvc status"], outputs["dvc status"]
     assert "Running stage" not in outputs["dvc repro"] and "Stage 'train' didn't change" in outputs["dvc repro"]
     assert_restored(published.clone)

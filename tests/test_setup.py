@@ -305,7 +305,7 @@ def test_a_cuda_compile_without_the_cuda_library_fails_in_one_line(machine):
 
 def test_readme_names_the_supported_versions():
     low, end = map(int, re.search(r'requires-python = ">=3\.(\d+),<3\.(\d+)"', PYPROJECT).groups())
-    section = (ROOT / "README.md").read_text().split("## Set up, demo, test", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     for minor in range(low, end):
         assert f"3.{minor}" in section
     assert "PYTHON=" in section and "build-essential" in section

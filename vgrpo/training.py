@@ -70,6 +70,7 @@ def grpo_config(train: TrainParams, output_dir: str | Path, dtype: str, cuda: bo
         max_steps=train.max_steps,
         save_steps=train.save_steps,
         save_strategy="steps",
+        save_total_limit=1,  # resume needs the last checkpoint only, and checkpoints/ is a DVC output
         max_grad_norm=train.max_grad_norm,
         logging_steps=train.logging_steps,
         seed=train.seed,
@@ -311,6 +312,8 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
         log(f"train: train.resume is true but {checkpoints_dir} holds no checkpoint: training from scratch")
     if not resume_from and main_process:
         shutil.rmtree(checkpoints_dir, ignore_errors=True)  # a fresh run: old checkpoints would mix in
+    if resume_from and main_process:
+        detach(checkpoints_dir)  # checked out by DVC as links into its cache: the trainer must not write through
 
     from transformers.integrations import is_deepspeed_zero3_enabled
 
@@ -343,6 +346,7 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
     save_trained_adapter(trainer, adapter_dir, main_process)
     if not main_process:
         return None
+    checkpoints_dir.mkdir(parents=True, exist_ok=True)  # a DVC output, even when no step reached train.save_steps
 
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     zero_spread = [entry.get("frac_reward_zero_std") for entry in history if "frac_reward_zero_std" in entry]
