@@ -355,8 +355,8 @@ model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained("{
     body = f"""# {name}: {what_it_is(tiny)}
 
 {what} Base model: {origin}. Made by the vgrpo pipeline, profile `{profile}`; the GGUF files for llama.cpp are
-in [{ids['gguf']}](../{ids['gguf']}), the merged model in [{ids['merged']}](../{ids['merged']}), the adapter
-in [{ids['adapter']}](../{ids['adapter']}). The GGUF repo's card has the full evaluation, the data and what
+in [{ids['gguf']}](/{ids['gguf']}), the merged model in [{ids['merged']}](/{ids['merged']}), the adapter
+in [{ids['adapter']}](/{ids['adapter']}). The GGUF repo's card has the full evaluation, the data and what
 llama.cpp measured.
 
 ## Evaluation (transformers, {decoding(evaluation)}, base vs trained on the same images and prompt)
