@@ -129,6 +129,31 @@ def test_grpo_with_the_product_rewards_raises_held_out_accuracy(cpu_run, tmp_pat
     assert trained_greedy["count_stated"] >= untrained_greedy["count_stated"] + 0.5  # it learned to describe first
 
 
+def test_the_warm_start_answers_brief_and_describes_with_its_brief_opening_forbidden(cpu_run):
+    """evaluate's `base_described` baseline, on the warm start it is for (the cpu profile's, with a brief style):
+    greedy decoding answers brief, and with every spelling of the brief opening forbidden (`>I`, and `>` then
+    `I`, which a path could take instead) the reasoning states the asked shape's count on every image."""
+    from vgrpo.models import load_model, load_processor
+    from vgrpo.prompts import brief_style_openings, reasoning_text
+    from vgrpo.rewards import stated_count
+
+    config = config_from_dict(cpu_params())
+    model = load_model(str(cpu_run / "base"), "float32").eval()
+    processor = load_processor(str(cpu_run / "base"), config.model)
+    rows = [load_dataset(cpu_run / "shapes")["test"][i] for i in range(HELD_OUT)]
+    greedy = completion_texts(model, processor, rows, 40)
+    openings = brief_style_openings(processor.tokenizer)
+    assert [processor.tokenizer.convert_ids_to_tokens(o) for o in openings] == [[">I"], [">", "I"]]
+    described = completion_texts(model, processor, rows, 40, bad_words_ids=openings)
+    brief = sum("I count the" in text for text in greedy) / len(rows)
+    stated = sum(stated_count(reasoning_text(t), r["target_shape"]) is not None for t, r in zip(described, rows,
+                                                                                                 strict=True))
+    print(f"greedy answers brief on {brief:.0%} of {len(rows)} test images; made to describe, the count is stated "
+          f"on {stated} of them")
+    # measured (AMD EPYC Zen 5, the fresh data's warm start, base.seed 0): brief on 100%, count stated on 64 of 64
+    assert brief >= 0.9 and stated == len(rows)
+
+
 def test_same_seed_same_trained_weights(tiny_dataset, tiny_base, tmp_path):
     """Training is deterministic: same params and seed, same LoRA weights (and they did move). The tiny
     profile as it is: its warm-started base, its rewards."""

@@ -22,7 +22,7 @@ from vgrpo.attention import attention_sheet, image_attention, with_eager_attenti
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
 from vgrpo.generation import generate, next_token_logits
-from vgrpo.prompts import brief_style_fork, parse_answer, reasoning_text
+from vgrpo.prompts import brief_style_openings, parse_answer, reasoning_text
 from vgrpo.rewards import REWARDS, stated_count
 
 MODELS = ("base", "trained")
@@ -198,7 +198,7 @@ def run_evaluation(config: Config, dtype: str, data_dir: Path, base_dir: Path, a
                           stored_bytes=memory.stored_weights_bytes(base.read_source(base_dir)))
     model, processor = load_base_and_adapter(config, base_dir, adapter_dir, dtype)
     effect = adapter_effect(model, processor, next(iter(splits.values()))[0], dtype)  # before the long part
-    forbidden = {DESCRIBED: [[brief_style_fork(processor.tokenizer)[1]]]}
+    forbidden = {DESCRIBED: brief_style_openings(processor.tokenizer)}
 
     records: dict[tuple[str, str], list[dict]] = {}
     completions_ids: dict[tuple[str, str], list[list[int]]] = {}

@@ -79,6 +79,23 @@ def brief_style_fork(tokenizer) -> tuple[list[int], int]:
     return brief[:fork], brief[fork]
 
 
+def brief_style_openings(tokenizer) -> list[list[int]]:
+    """Every token sequence that spells the brief style's opening at the fork (`brief_style_fork`): its one
+    token (`>I`) and each split of that text into tokens (`>` then `I`), which a sampler or a greedy path
+    could take instead. Forbidding them all makes the warm start describe (evaluate's `base_described`)."""
+    text = tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(brief_style_fork(tokenizer)[1])])
+
+    def spellings(rest: str) -> list[list[int]]:
+        found = []
+        for end in range(1, len(rest) + 1):
+            ids = tokenizer(rest[:end], add_special_tokens=False)["input_ids"]
+            if len(ids) == 1 and tokenizer.decode(ids) == rest[:end]:
+                found += [[ids[0]]] if end == len(rest) else [[ids[0], *tail] for tail in spellings(rest[end:])]
+        return found
+
+    return sorted(spellings(text), key=len)
+
+
 def parse_answer(completion: str) -> int | None:
     """The answer a completion gives: the integer in its single `<SOLUTION>` block, else the last
     integer anywhere in it, else None. Evaluation accuracy uses this rule."""
