@@ -122,17 +122,22 @@ class Tolerance:
     projector_error: float  # <= image embeddings, relative L2
 
 
-# Measured on the tiny Qwen3-VL (`python bench/gate_figures.py --repo <a run>`: a faithful export against its
-# merged model loaded in each precision a CPU runs; docs/stages.md has the figures), each bound set a few
-# times past the worst faithful figure and short of what a second training run's file measures. float16
-# cannot run on a CPU: a float16 reference gets bfloat16's bounds (bfloat16 keeps 3 fewer mantissa bits).
+# Set from what faithful files measure against their merged model on the tiny Qwen3-VL in each precision a CPU
+# runs, and what another training run's file measures (`python bench/gate_figures.py --repo <run> --other
+# <second run>`; the figures are in docs/stages.md). A float32 reference against an F16 file is held tight:
+# faithful files measured count TV <= 5e-5, first-token log-probs <= 3e-6 nats, projector error <= 2.2e-4 and
+# every answer alike, where a second GRPO run from the same warm start measured 31 answers of 32 alike, count TV
+# 1.6e-3 and projector error 2.8e-3. bfloat16 and 4-bit references are looser by what they measured (bfloat16:
+# count TV 2.3e-3, projector 2.5e-3 on the tiny model) and by what the 8B, never run, may add: their bounds
+# are the ones the 16-bit and 4-bit profiles carried before these were measured. float16 cannot run on a CPU:
+# it gets bfloat16's bounds (bfloat16 keeps 3 fewer mantissa bits).
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
-    ("float32", "unquantized"): Tolerance(evaluated_agreement=0.95, count_agreement=0.97, count_tv=0.01,
-                                          answer_agreement=0.95, trained_agreement=0.95, logprob_diff=0.01,
-                                          projector_error=0.01),
-    ("float32", "quantized"): Tolerance(evaluated_agreement=0.95, count_agreement=0.8, count_tv=0.25,
-                                        answer_agreement=0.8, trained_agreement=0.75, logprob_diff=1.5,
-                                        projector_error=0.01),
+    ("float32", "unquantized"): Tolerance(evaluated_agreement=0.97, count_agreement=0.97, count_tv=0.001,
+                                          answer_agreement=0.97, trained_agreement=0.97, logprob_diff=0.001,
+                                          projector_error=0.001),
+    ("float32", "quantized"): Tolerance(evaluated_agreement=0.97, count_agreement=0.85, count_tv=0.1,
+                                        answer_agreement=0.85, trained_agreement=0.8, logprob_diff=1.0,
+                                        projector_error=0.001),
     ("bfloat16", "unquantized"): Tolerance(evaluated_agreement=0.9, count_agreement=0.9, count_tv=0.05,
                                            answer_agreement=0.9, trained_agreement=0.85, logprob_diff=0.5,
                                            projector_error=0.05),
