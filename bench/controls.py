@@ -57,8 +57,7 @@ def main(repo: Path, names: tuple[str, ...]) -> None:
     from vgrpo.base import base_model_path
     from vgrpo.cli import quiet_libraries
     from vgrpo.config import load_config
-    from vgrpo.controls import CONTROLS, config_for_control, train_control
-    from vgrpo.evaluation import run_evaluation
+    from vgrpo.controls import CONTROLS, evaluate_control, train_control
     from vgrpo.files import write_json
     from vgrpo.shapes import dataset_colours, load_dataset
 
@@ -74,7 +73,7 @@ def main(repo: Path, names: tuple[str, ...]) -> None:
         torch.manual_seed(config.train.seed)
         figures = train_control(name, config, base_model_path(repo / "models/base"), train_split,
                                 dataset_colours(data), out / "adapter")
-        run_evaluation(config_for_control(config), "float32", data, repo / "models/base", out / "adapter", out / "eval")
+        evaluate_control(config, data, repo / "models/base", out / "adapter", out / "eval")
         summary = {"control": name, **figures, "seconds": round(time.perf_counter() - start, 1),
                    "versus_grpo": compare(repo, out / "eval", config.evaluate.splits, config.evaluate)}
         write_json(out / "summary.json", summary)

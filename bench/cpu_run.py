@@ -3,7 +3,7 @@ docs/cpu-research.md reports (greedy, made to describe, after GRPO: GRPO chooses
 counting is the warm start's), and the picture of its curves.
 
     .venv/bin/python bench/cpu_run.py                          # a temp clone, removed afterwards
-    .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # keep the clone (bench/sft_control.py reads it)
+    .venv/bin/python bench/cpu_run.py --keep /tmp/cpu-run      # keep the clone (bench/controls.py reads it)
     .venv/bin/python bench/cpu_run.py --picture docs/cpu_run.png
     .venv/bin/python bench/cpu_run.py --set train.max_steps=450   # a variant: `dvc exp run -S` each, after the profile
     .venv/bin/python bench/cpu_run.py --report /tmp/cpu-run    # the figures of a run made before (not timed)

@@ -40,39 +40,50 @@ def test_cpu_run_picture_without_plots_says_so_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_sft_control_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path):
-    """`bench/sft_control.py` on a finished run: SFT steps from the run's base, then the same test images as
-    `evaluate`; the warm start and GRPO figures it prints are the run's own, GRPO minus SFT is paired.
-    Then `bench/cpu_seeds.py --report` reads that run as one seed: its reporting path, as on the cpu runs."""
+def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path):
+    """`bench/controls.py` on a finished run: RFT (the warm start's verified samples) and full-label SFT, each
+    with GRPO's steps and batch, scored by evaluate's code and paired with GRPO image by image. Then
+    `bench/cpu_seeds.py --report` reads that run as one seed: its reporting path, as on the cpu runs."""
     import json
 
-    seed = tmp_path / "seeds" / "seed-0"
-    seed.mkdir(parents=True)
-    (seed / "repo").symlink_to(tiny_pipeline)
-    out = run(["python", str(ROOT / "bench/sft_control.py"), "--repo", str(tiny_pipeline), "--steps", "2", "--out",
-               str(seed / "sft_control.json")], ROOT).stdout
-    evaluation = json.loads((tiny_pipeline / "reports/eval/metrics.json").read_text())["test"]
-    assert re.search(r"budget: 2 steps; SFT continued 2 steps in [\d.]+ min \(lr [\d.e-]+, constant, batch \d+\)", out)
-    found = re.search(r"test accuracy \((\d+) images, greedy\): warm start ([\d.]+), \+ GRPO ([\d.]+), "
-                      r"\+ more SFT ([\d.]+)", out)
-    assert found, out
-    assert int(found[1]) == evaluation["base"]["samples"]
-    assert float(found[2]) == round(evaluation["base"]["accuracy"], 3)
-    assert float(found[3]) == round(evaluation["trained"]["accuracy"], 3)
-    assert 0 <= float(found[4]) <= 1
-    assert re.search(r"GRPO minus more SFT: [+-][\d.]+ \(paired 95% CI \[[+-][\d.]+, [+-][\d.]+\], McNemar p [\d.e-]+, "
-                     rf"{found[1]} images\)", out), out
-    sft = json.loads((seed / "sft_control.json").read_text())
-    (seed / "done").touch()  # what bench/cpu_seeds.py leaves once a seed's runs are finished
-    assert sft["sft_steps"] == 2 and f"{sft['accuracy']:.3f}" == found[4]
+    from conftest import copy_repo
 
-    table = run(["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "seeds"), "--report"],
-                ROOT).stdout
-    assert re.search(rf"cpu profile over 1 seeds \(base.seed = train.seed\), test accuracy on {found[1]} images; "
-                     r"CPU: .+ \(.*\d+ cores\)", table), table
-    assert re.search(rf"\| 0 \| {float(found[2]):.1%} \| - \| {float(found[3]):.1%} \| - \| {sft['accuracy']:.1%} "
-                     r"\(2 steps\) \|", table), table
-    assert f"after GRPO: mean {float(found[3]):.1%}, range" in table
+    repo = copy_repo(tiny_pipeline, tmp_path / "seeds" / "seed-0" / "repo")
+    out = run(["python", str(ROOT / "bench/controls.py"), "--repo", str(repo)], ROOT).stdout
+    steps = json.loads((repo / "reports/train/metrics.json").read_text())["steps"]
+    for name in ("rft", "full_label_sft"):
+        summary = json.loads((repo / "controls" / name / "summary.json").read_text())
+        assert summary["prompts"] == steps * 4 // 4  # the tiny profile: 1 prompt x 4 generations a step
+        assert summary["steps"] in (0, steps) and summary["kept"] <= (summary["sampled"] or summary["kept"])
+        versus = summary["versus_grpo"]["test"]
+        assert versus["images"] == 16 and versus["ci95"][0] <= versus["grpo_minus_control"] <= versus["ci95"][1]
+        assert re.search(rf"  test: {name} [\d.]+, GRPO [\d.]+, GRPO minus {name} [+-][\d.]+ \[", out), out
+    full = json.loads((repo / "controls/full_label_sft/summary.json").read_text())
+    assert full["steps"] == steps and full["kept"] == steps * 4  # every prompt's full label, as often as GRPO samples
+
+    (repo.parent / "done").touch()  # what bench/cpu_seeds.py leaves once a seed's runs are finished
+    table = run(["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "seeds"), "--report",
+                 "--split", "test"], ROOT).stdout
+    evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())["test"]
+    assert re.search(r"cpu profile over 1 seeds \(base.seed = train.seed\), data generate.seed \d+, test accuracy "
+                     r"on 16 images; one thread per run; CPU: .+ \(.*\d+ cores\)", table), table
+    assert f"after GRPO: mean {evaluation['trained']['accuracy']:.1%}" in table
+    assert re.search(r"GRPO's own share \(after GRPO minus the better of made to describe and RFT\): mean "
+                     r"[+-][\d.]+ points, paired 95% interval over the seeds' images \[[+-][\d.]+, [+-][\d.]+\]", table)
+
+
+@pytest.mark.slow
+def test_gate_figures_of_a_run(tiny_pipeline):
+    """`bench/gate_figures.py` (the figures behind smoke's bounds) on the tiny run, with itself as the other
+    run: every precision a CPU runs, every measure the gate reads."""
+    out = run(["python", str(ROOT / "bench/gate_figures.py"), "--repo", str(tiny_pipeline), "--other",
+               str(tiny_pipeline), "--images", "2", "--threads", "1"], ROOT).stdout
+    for reference in ("reference float32", "reference bfloat16", "reference 4bit", "another run's files",
+                      "a BF16 file from a bfloat16 merge"):
+        assert reference in out, out
+    assert re.search(r"Qwen3-VL-tiny-shapes-grpo-F16.gguf: count_agreement [\d.]+, count_tv [\d.e-]+, answer_agreement "
+                     r"[\d.]+, trained_agreement (?:None|[\d.]+), logprob_diff [\d.e-]+, projector_error [\d.e-]+", out)
+    assert re.search(r"merge in bfloat16: log-prob difference to base \+ adapter [\d.e-]+ nats", out)
 
 
 @pytest.mark.slow
@@ -152,16 +163,3 @@ def test_brief_token_probability_is_the_next_token_probability_of_each_image_alo
         with torch.no_grad():
             logits = net(**inputs).logits[0, -1]
         assert probability == pytest.approx(logits.softmax(-1)[brief_token].item(), rel=1e-3, abs=1e-6)
-
-
-@pytest.mark.slow
-def test_smoke_reference_compares_both_reference_precisions(tiny_pipeline):
-    """`bench/smoke_reference.py` (the README's figures for smoke's reference precision) on the tiny run."""
-    out = run(["python", str(ROOT / "bench/smoke_reference.py"), "--repo", str(tiny_pipeline), "--images", "2"],
-              ROOT).stdout
-    found = {(m[1], m[2]): (float(m[3]), float(m[4])) for m in re.finditer(
-        r"reference (float32|bfloat16) +vs \S+-F16\.gguf, (first token|first count): log-prob diff, max over 2 "
-        r"images: over the 10 likeliest tokens ([\d.e+-]+), over the tokens with p > 1e-3 \([\d.]+ a image\) "
-        r"([\d.e+-]+)", out)}
-    assert set(found) == {(d, w) for d in ("float32", "bfloat16") for w in ("first token", "first count")}, out
-    assert found[("float32", "first token")][1] < 0.05  # both in full precision (smoke's tiny threshold)

@@ -6,6 +6,7 @@ and moves both towers' LoRA; evaluate and smoke load their models in 4 bits too;
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import make_pipeline_repo, run
@@ -20,7 +21,7 @@ def four_bit_run(tmp_path_factory):
     clone = root / "clone"
     run(["git", "clone", "-q", str(origin), str(clone)], root)
     result = run(["dvc", "exp", "run", "-S", "profile=tiny", "-S", "train.load_in_4bit=true"], clone, timeout=2400)
-    return clone, result.stdout
+    return clone, result.stdout + result.stderr
 
 
 def test_every_stage_ran_in_4_bits(four_bit_run):
@@ -48,3 +49,19 @@ def test_downstream_stages_loaded_4bit_and_the_gate_knew_it(four_bit_run):
     merged = json.loads((clone / "models/merged/config.json").read_text())
     assert "quantization_config" not in merged  # the merge is into the 16-bit (here float32) base, not NF4
     assert (clone / "models/README.md").is_file()
+
+
+def test_a_fresh_clones_hash_warnings_are_the_outputs_it_has_not_made_yet(four_bit_run):
+    """DVC checks out the last run's outputs before the first run, and a fresh clone has none: one warning
+    per declared output, nothing else (the README's troubleshooting explains it)."""
+    import yaml
+    from conftest import ROOT
+
+    clone, log = four_bit_run
+    warned = re.findall(r"No file hash info found for '([^']+)'\. It won't be created\.", log)
+    outputs = set()
+    for stage in yaml.safe_load((clone / "dvc.yaml").read_text())["stages"].values():
+        for key in ("outs", "metrics"):
+            outputs |= {entry if isinstance(entry, str) else next(iter(entry)) for entry in stage.get(key, [])}
+    assert warned and {str(clone / out) for out in outputs} >= set(warned), (warned, outputs)
+    assert "No file hash info found" in (ROOT / "README.md").read_text()

@@ -11,13 +11,12 @@ differs:
 - `full_label_sft`: the dataset's labels, every answer described (the three true counts, then the asked
   one), on the same prompts, each as often as GRPO samples it. More supervision than GRPO gets.
 
-Each control's adapter is then scored by the evaluate stage's own code (`run_evaluation`), so its records
-pair image by image with GRPO's.
+Each control's adapter is then scored by the evaluate stage's own code (`evaluate_control`: its prompt,
+greedy decoding and scoring), so its records pair image by image with GRPO's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -133,7 +132,28 @@ def train_control(name: str, config: Config, base_path: str, train_split, colour
     return figures
 
 
-def config_for_control(config: Config) -> Config:
-    """evaluate's settings for a control: every split evaluate scores, no pass@k (GRPO's run reports it)."""
-    return dataclasses.replace(config, evaluate=dataclasses.replace(
-        config.evaluate, pass_samples={split: 0 for split in config.evaluate.splits}, attention_samples=0))
+def evaluate_control(config: Config, data_dir: Path, base_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
+    """The control's greedy answers on the images evaluate scores, with evaluate's own prompt, decoding and
+    scoring (`evaluation.score`), written as evaluate writes them (the control as model `trained`):
+    out_dir/predictions.jsonl and metrics.json. The base is not scored again: GRPO's run has it."""
+    from vgrpo.evaluation import load_base_and_adapter, score, summarize, write_predictions
+    from vgrpo.files import write_json
+    from vgrpo.generation import generate
+    from vgrpo.shapes import load_dataset
+
+    params = config.evaluate
+    dataset = load_dataset(data_dir, splits=tuple(params.splits))
+    model, processor = load_base_and_adapter(config, base_dir, adapter_dir, "float32")
+    records, metrics = {}, {}
+    for split in params.splits:
+        rows = dataset[split].select(range(min(params.max_samples[split], len(dataset[split]))))
+        rows = [rows[i] for i in range(len(rows))]
+        ids = []
+        for begin in range(0, len(rows), params.batch_size):
+            ids += generate(model, processor, rows[begin:begin + params.batch_size], params.max_new_tokens)
+        texts = processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        records[(split, "trained")] = score(rows, texts, processor.tokenizer)
+        metrics[split] = {"trained": summarize(records[(split, "trained")], params)}
+    write_predictions(out_dir / "predictions.jsonl", records)
+    write_json(out_dir / "metrics.json", metrics)
+    return metrics
