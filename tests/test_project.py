@@ -33,7 +33,7 @@ def test_the_changelog_names_this_version_first():
 
 
 def test_nothing_points_outside_the_tree():
-    """A doc or a comment that names ../shared or another path beside the clone works in one checkout only.
+    """A doc or a comment that names a path above the project (a shared design file, say) works in one checkout.
     (The default DVC remote, a directory next to the clone, is a setting the README tells users to change.)"""
     outside = re.compile(r"(?<![\w.])\.\./(?!(?:\.\./)?vgrpo-dvc-storage)")
     for path in tracked_files():
