@@ -132,6 +132,8 @@ def test_card_of_a_cpu_run_states_its_baseline(tiny_pipeline, tmp_path):
     test["base_described"] = {**test["base"], "accuracy": 0.69}
     test["trained_minus_base_described"] = {**test["trained_minus_base"], "accuracy": 0.03,
                                             "accuracy_ci95": [-0.02, 0.08], "mcnemar_p": 0.31}
+    test["base"]["pass_at_k"] = {"pass@1": 0.41, "pass@16": 0.95, "images": 64, "samples_per_image": 16}
+    test["trained"]["pass_at_k"] = {"pass@1": 0.77, "pass@16": 0.81, "images": 64, "samples_per_image": 16}
     write_json(repo / "reports/eval/metrics.json", evaluation)
     text = card.model_card(**card_inputs(repo))
     flat = " ".join(text.split())
@@ -140,6 +142,8 @@ def test_card_of_a_cpu_run_states_its_baseline(tiny_pipeline, tmp_path):
     assert "its greedy accuracy (20.0% on the test images) is a guess's" in flat
     assert ("Made to describe (the brief style's first token forbidden), the warm start answers 69.0% of them right; "
             "after GRPO, 72.0%: a difference of +3.0 points (paired 95% CI [-2.0, +8.0], McNemar p = 0.31).") in flat
+    assert ("Sampled as GRPO samples (16 answers to each of 64 test images), warm start -> after GRPO: pass@1 41.0% -> "
+            "77.0%, pass@16 95.0% -> 81.0%.") in flat  # selection or capability: pass@k beside pass@1
     assert not re.search(r"^[-+]\d", text, re.MULTILINE)  # no figure at a line's start: Markdown would list it
     assert "| test | " in text.split("## What GRPO did")[1].split("## ")[0]  # its own table
     assert ModelCard(text).data.base_model is None

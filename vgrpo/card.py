@@ -135,10 +135,22 @@ Made to describe (the brief style's first token forbidden), the warm start answe
 {test['base_described']['accuracy']:.1%} of them right; after GRPO, {test['trained']['accuracy']:.1%}:
 {difference}.
 That difference is what GRPO did to its starting point's own counting; the rest of its gain over greedy
-decoding is the choice of the described style.
+decoding is the choice of the described style.{pass_line(test)}
 
 {evaluation_table(evaluation, "base_described")}
 """
+
+
+def pass_line(test: dict) -> str:
+    """pass@k beside pass@1, where evaluate measured it: does GRPO choose among answers its start could give?"""
+    start, trained = test.get("base", {}).get("pass_at_k"), test.get("trained", {}).get("pass_at_k")
+    if not start or not trained:
+        return ""
+    ks = [key for key in start if key.startswith("pass@")]
+    shown = ", ".join(f"{k} {start[k]:.1%} -> {trained[k]:.1%}" for k in ks)
+    return (f"\nSampled as GRPO samples ({start['samples_per_image']} answers to each of {start['images']} test "
+            f"images), warm start -> after GRPO: {shown}. A pass@1 that rises while the largest k falls is GRPO "
+            "choosing among answers its start could already give, not a new ability.")
 
 
 REPORTED_SPLITS = ("test", "ood")  # val chose the recipe's step count: not reported as a result
