@@ -82,7 +82,8 @@ def test_mtmd_cli_puts_the_image_before_the_text(tiny_pipeline):
     assert prompt.index(card.IMAGE_MARKER) < prompt.index("How many")
     assert f"--mmproj gguf/mmproj-{STEM}-F16.gguf" in command.group(0)
     assert "--temp 0 --no-repack" in command.group(0)  # the AMX crash: the command carries the cure
-    assert "keeps llama.cpp off its repacked CPU weights" in text.split("llama-mtmd-cli -m")[0].rsplit("\n\n", 1)[1]
+    run_it = text.split("## Run it", 1)[1].split("llama-mtmd-cli -m", 1)[0]  # said beside the command, not in Limits
+    assert "`--no-repack` keeps llama.cpp off its repacked CPU weights" in run_it
 
 
 @pytest.mark.slow

@@ -23,8 +23,7 @@ dvc queue status
 dvc exp apply <experiment>
 dvc exp branch <experiment> <branch>
 """
-RESUME = ["dvc", "exp", "run", "--queue", "-S", "profile=tiny", "-S", "train.resume=true", "-S", "train.max_steps=8",
-          "train"]
+RESUME = ["dvc", "exp", "run", "--queue", "-S", "profile=tiny", "-S", "train.resume=true", "-S", "train.max_steps=8"]
 
 
 def wait_for_the_queue(repo, timeout: float = 2400) -> str:

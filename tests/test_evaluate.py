@@ -262,8 +262,7 @@ def test_every_declared_plot_renders_with_data(tiny_pipeline, tmp_path):
 def test_dvc_metrics_show(tiny_pipeline):
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], tiny_pipeline).stdout)
     files = next(iter(shown.values()))["data"]
-    assert {"reports/base/metrics.json", "reports/train/metrics.json", "reports/eval/metrics.json",
-            "reports/smoke/metrics.json"} <= set(files)
+    assert set(files) == {"reports/train/headline.json", "reports/eval/headline.json", "reports/smoke/headline.json"}
 
 
 @pytest.mark.slow

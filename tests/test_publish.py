@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 
 import pytest
 import yaml
-from conftest import ROOT, copy_repo, run
+from conftest import ROOT, copy_repo
 from hub_server import FakeHub
 
 pytestmark = pytest.mark.slow  # reads the tiny pipeline's run
@@ -22,9 +23,12 @@ NAME = "Qwen3-VL-tiny-shapes-grpo"
 
 
 def publish(hub: FakeHub, repo, tmp_path, *args: str, token: str | None = TOKEN, check: bool = True):
+    """scripts/publish.py in a subprocess whose environment is the stand-in's client's: online, its own HF_HOME."""
     env = hub.client_env(tmp_path / "hf-home", HF_HUB_DISABLE_XET="1", **({"HF_TOKEN": token} if token else {}))
-    return run([sys.executable, str(ROOT / "scripts/publish.py"), "--user", "tester", "--run", str(repo), *args],
-               ROOT, check=check, env=env)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/publish.py"), "--user", "tester", "--run", str(repo),
+                             *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert not check or result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    return result
 
 
 def metadata(readme: bytes) -> dict:
