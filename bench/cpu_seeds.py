@@ -5,9 +5,10 @@ full-label SFT: bench/controls.py), GRPO's own share (after GRPO minus the bette
 describe and RFT) with a paired 95% interval per seed and over the seeds, and OOD; with the CPU named.
 Every figure is printed for `val` (the split recipes are chosen on) and `test` (reported).
 
-    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --jobs 2 0 1 2 3 4     # ~40 min a seed-job on 1 core
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --jobs 2 0 1 2 3 4     # over an hour a seed-job on 1 core
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --report                # the table from what is there
-    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-long --set train.max_steps=135 --no-controls 0 1 2 3 4
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-45 --set train.max_steps=45 --set train.learning_rate=5e-4 \
+        --set train.eval_steps=15 --no-controls 0 1 2 3 4                                 # the profile before 0.2.0
 
 Each seed runs in its own clone (bench/pipeline.py's): `dvc exp run -S profile=cpu -S base.seed=S -S
 train.seed=S [--set ...] evaluate` (generate, base, train, evaluate: export and smoke add nothing to these
@@ -162,7 +163,7 @@ def report(work: Path, split: str) -> None:
 @click.argument("seeds", type=int, nargs=-1)
 @click.option("--report", "report_only", is_flag=True, help="Only print the table from the seeds done.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="A params override after the profile (repeatable), e.g. train.max_steps=135: a variant.")
+              help="A params override after the profile (repeatable), e.g. train.max_steps=45: a variant.")
 @click.option("--controls/--no-controls", default=True, show_default=True,
               help="Train and score the RFT and full-label SFT controls after each seed's GRPO.")
 @click.option("--jobs", default=1, show_default=True, help="Seeds run side by side (each on one thread).")

@@ -7,6 +7,8 @@ import re
 import subprocess
 import tomllib
 
+import pytest
+
 from conftest import ROOT
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -28,6 +30,8 @@ def test_the_changelog_names_this_version_first():
     versions = re.findall(r"^## (\d+\.\d+\.\d+) \(\d{4}-\d{2}-\d{2}\)$", changelog, re.MULTILINE)
     assert versions and versions[0] == VERSION, versions
     tags = subprocess.run(["git", "tag", "--list", "v*"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tags:
+        pytest.skip("this clone carries no tags (git clone of a branch pushed without them)")
     assert all(f"v{v}" in tags for v in versions[1:]), tags  # every released version is tagged
     assert f"v{VERSION}" in tags or VERSION not in versions[1:]
 
