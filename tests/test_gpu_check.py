@@ -31,7 +31,7 @@ CPU_CANNOT = {"hf-fp16": "float16 needs CUDA (a CPU runs the bfloat16 case)",
 # time; and it does not look at the image, so smoke's image-sensitivity gate is off (as in the tiny profile).
 STAND_IN = ("--set", "train.num_generations=4", "--set", "train.per_device_train_batch_size=4",
             "--set", "train.max_completion_length=256", "--set", "smoke.min_image_sensitivity=0",
-            "--skip", "downstream-hf-16bit")  # the tiny-model check runs it
+            "--skip", "downstream-hf-16bit", "--skip", "downstream-hf-float32")  # the tiny-model check runs them
 
 
 def gpu_check(work, env=None, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -91,7 +91,8 @@ def test_gpu_check_runs_on_a_cpu_with_a_hub_model(tiny_base, tmp_path):
         result, summary = gpu_check(tmp_path / "check", env, *STAND_IN)
         assert any(r.startswith("GET /cdn-lfs/") for r in hub.requests)
     cases = check_cpu_summary(result, summary, ["dvc-full", "dvc-gpu16"])
-    assert cases["downstream-hf-16bit"]["reason"] == "left out by --skip"
+    assert cases["downstream-hf-16bit"]["reason"] == cases["downstream-hf-float32"]["reason"] == "left out by --skip"
+    assert cases["downstream-hf-4bit"]["outcome"] == "passed"  # gpu16's knobs through evaluate, export and smoke
     assert (summary["model"], summary["revision"], cases["setup"]["base"]) == ("Qwen/Qwen3-VL-Tiny-Test", "main", sha)
     for profile in ("full", "gpu16"):
         dvc = cases[f"dvc-{profile}"]
