@@ -8,7 +8,6 @@ import subprocess
 import tomllib
 
 import pytest
-
 from conftest import ROOT
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
