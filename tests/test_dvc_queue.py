@@ -1,6 +1,6 @@
 """DVC as its users run sweeps: the README's queue block, line by line (experiments queued with -S, run by
 `dvc queue start` in temporary copies of the workspace, one kept with `dvc exp apply` and `dvc exp branch`),
-and a queued run that resumes training from the checkpoint its workspace holds (checkpoints/ is a DVC
+and a queued run that resumes training from the checkpoint its last commit names (checkpoints/ is a DVC
 output, so the temporary copy checks it out)."""
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ def experiments(repo) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def swept(tiny_pipeline, tmp_path_factory):
     repo = copy_repo(tiny_pipeline, tmp_path_factory.mktemp("sweep") / "repo")
+    # a queued run starts from the last commit and checks out the outputs its dvc.lock names: commit the
+    # demo's run, as a user keeps a run, so that its checkpoint is there to resume from
+    run(["git", "add", "dvc.lock", "params.yaml", ".gitignore"], repo)
+    run(["git", "commit", "-q", "-m", "the tiny run"], repo)
     lines = SWEEP.splitlines()
     run(lines[1], repo)  # the first line differs only in its value: one run of the two saves minutes
     run(RESUME, repo)
