@@ -16,7 +16,8 @@ import yaml
 from conftest import ROOT, copy_repo
 from hub_server import FakeHub
 
-pytestmark = pytest.mark.slow  # reads the tiny pipeline's run
+from vgrpo import publish as hub_publish
+from vgrpo.config import VgrpoError
 
 TOKEN = "hf_vgrpo_test_write_token_0123456789"
 NAME = "Qwen3-VL-tiny-shapes-grpo"
@@ -45,11 +46,14 @@ def published(tiny_pipeline, tmp_path_factory):
         yield result, repos, hub.requests, tmp
 
 
+@pytest.mark.slow  # reads the tiny pipeline's run
 def test_three_repos_hold_the_run_byte_for_byte(published, tiny_pipeline):
     _, repos, requests, _ = published
     for repo, folder in ((f"tester/{NAME}-GGUF", "models/gguf"), (f"tester/{NAME}", "models/merged"),
                          (f"tester/{NAME}-LoRA", "models/adapter")):
-        local = {p.name: p.read_bytes() for p in (tiny_pipeline / folder).iterdir() if p.is_file()}
+        # the folder's own README.md (PEFT's blank card in the adapter's) is replaced by the repo's card
+        local = {p.name: p.read_bytes() for p in (tiny_pipeline / folder).iterdir()
+                 if p.is_file() and p.name != "README.md"}
         uploaded = {path: data for path, data in repos[repo].items() if path != "README.md"}
         assert uploaded == local, repo
     assert {f"{NAME}-Q4_K_M.gguf", f"mmproj-{NAME}-F16.gguf"} <= set(repos[f"tester/{NAME}-GGUF"])
@@ -57,6 +61,7 @@ def test_three_repos_hold_the_run_byte_for_byte(published, tiny_pipeline):
     assert sum(r.startswith("POST /api/repos/create") for r in requests) == 3
 
 
+@pytest.mark.slow  # reads the tiny pipeline's run
 def test_each_card_says_what_its_model_came_from(published):
     _, repos, _, _ = published
     gguf = repos[f"tester/{NAME}-GGUF"]["README.md"]
@@ -72,6 +77,7 @@ def test_each_card_says_what_its_model_came_from(published):
         assert meta["library_name"] == library and "base_model" not in meta and "base_model_relation" not in meta
 
 
+@pytest.mark.slow  # reads the tiny pipeline's run
 def test_a_hub_base_gets_finetune_and_adapter_relations(tiny_pipeline, tmp_path):
     """The 8B's run: its base is a hub model, which the merged model fine-tunes and the adapter adapts."""
     repo = copy_repo(tiny_pipeline, tmp_path / "repo")
@@ -91,6 +97,7 @@ def test_a_hub_base_gets_finetune_and_adapter_relations(tiny_pipeline, tmp_path)
     assert (cards["gguf"]["base_model"], cards["gguf"]["base_model_relation"]) == ("tester/counter", "quantized")
 
 
+@pytest.mark.slow  # reads the tiny pipeline's run
 def test_the_token_is_never_written_or_printed(published, tiny_pipeline):
     result, _, _, tmp = published
     assert TOKEN not in result.stdout + result.stderr
@@ -100,6 +107,7 @@ def test_the_token_is_never_written_or_printed(published, tiny_pipeline):
                 assert TOKEN.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow  # reads the tiny pipeline's run
 def test_no_token_or_a_failed_gate_is_one_line(tiny_pipeline, tmp_path):
     with FakeHub(write_token=TOKEN) as hub:
         result = publish(hub, tiny_pipeline, tmp_path, token=None, check=False)
@@ -115,3 +123,25 @@ def test_no_token_or_a_failed_gate_is_one_line(tiny_pipeline, tmp_path):
         result = publish(hub, repo, tmp_path, check=False)
         assert result.returncode == 2 and "smoke's gate did not pass" in result.stderr.strip().splitlines()[-1]
         assert not any(r.startswith("POST") for r in hub.requests)  # refused before any upload
+
+
+def test_repo_ids_name_the_three_repos():
+    assert hub_publish.repo_ids("me", "counter") == {"merged": "me/counter", "adapter": "me/counter-LoRA",
+                                                      "gguf": "me/counter-GGUF"}
+
+
+def test_a_run_without_its_outputs_is_refused_naming_the_file_and_its_stage(tmp_path):
+    with pytest.raises(VgrpoError, match=r"models/merged/config.json: not found \(run the pipeline through export"):
+        hub_publish.check_run(tmp_path)
+    for path in hub_publish.FOLDERS.values():
+        (tmp_path / path).mkdir(parents=True)
+    for path in ("models/merged/config.json", "models/adapter/adapter_config.json", "models/base/source.json",
+                 "reports/eval/metrics.json", "models/README.md"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("{}")
+    with pytest.raises(VgrpoError, match=r"reports/smoke/metrics.json: not found \(run the pipeline through smoke"):
+        hub_publish.check_run(tmp_path)
+    (tmp_path / "reports/smoke").mkdir()
+    (tmp_path / "reports/smoke/metrics.json").write_text('{"gate": {"passed": false}}')
+    with pytest.raises(VgrpoError, match="smoke's gate did not pass"):
+        hub_publish.check_run(tmp_path)
