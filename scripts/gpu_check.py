@@ -9,8 +9,8 @@ there twice, with the tiny model and with a hub model from a local stand-in); a 
 
 Cases, each a real run of the stage scripts (stages/*.py) with params composed from conf/ as `dvc exp run`
 composes them: for the tiny model its `tiny` profile; for a hub model profile `full` (16-bit cases) or
-`gpu16` (4-bit cases), with only the steps, samples and images cut (completions and evaluation tokens stay
-the profile's, so tagged answers are not truncated; the merge stays bfloat16):
+`gpu16` (4-bit cases), with only the steps, samples and images cut, pass@k to one test image (completions
+and evaluation tokens stay the profile's, so tagged answers are not truncated; the merge stays bfloat16):
 - train: backend hf and unsloth, in the machine's 16-bit dtype (bf16 where native and on a CPU, else
   fp16), also in fp16 where bf16 is native, and in 4-bit; two processes (DDP) when there are two GPUs;
   on a CPU also hf in float32. A case passes when the adapter moved, the vision tower's LoRA included
@@ -44,6 +44,7 @@ from vgrpo.config import compose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SAMPLES = 8  # per split: enough to run every code path, quick on a CPU
+PASS_IMAGES = 1  # pass@k's test images, each answered max(pass_k) times by base and trained (7 min at 8 on a CPU)
 MEMORY_STOP = "is planned at"  # in vgrpo.memory's one-line stop: the case does not fit this GPU
 
 
@@ -78,7 +79,8 @@ class Check:
         otherwise, with the check's steps, samples and images, and `overrides` ("group.key": value)."""
         settings = {"train.max_steps": self.steps, "train.save_steps": 1000, "train.eval_steps": 0,
                     **{f"evaluate.max_samples.{split}": EVAL_SAMPLES for split in ("val", "test", "ood")},
-                    "evaluate.attention_samples": 1, "smoke.num_images": EVAL_SAMPLES}
+                    "evaluate.attention_samples": 1, "evaluate.pass_samples.test": PASS_IMAGES,
+                    "smoke.num_images": EVAL_SAMPLES}
         profile = "tiny"
         if self.model != "tiny":  # a hub model: its recipe's profile, on few images (no warm start: that is the tiny's)
             profile = "gpu16" if overrides.get("train.load_in_4bit") else "full"
@@ -205,6 +207,7 @@ class Check:
         clone = self.work / case
         ok, line = self.run(case, ["git", "clone", "-q", str(ROOT), str(clone)])
         sets = {"train.max_steps": self.steps, "train.backend": "auto", "smoke.num_images": 8,
+                "evaluate.pass_samples.test": PASS_IMAGES,
                 **{f"evaluate.max_samples.{s}": EVAL_SAMPLES for s in ("val", "test", "ood")}}
         if profile != "tiny" and self.model != self.default_model:
             sets.update({"model.name": self.model, "model.revision": self.revision})

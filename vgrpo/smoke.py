@@ -127,13 +127,15 @@ class Tolerance:
 # <second run>`; the figures are in docs/stages.md). A float32 reference against an F16 file is held tight:
 # faithful files measured count TV <= 5e-5, first-token log-probs <= 3e-6 nats, projector error <= 2.2e-4 and
 # every answer alike, where a second GRPO run from the same warm start measured 31 answers of 32 alike, count TV
-# 1.6e-3 and projector error 2.8e-3. bfloat16 and 4-bit references are looser by what they measured (bfloat16:
-# count TV 2.3e-3, projector 2.5e-3 on the tiny model) and by what the 8B, never run, may add: their bounds
-# are the ones the 16-bit and 4-bit profiles carried before these were measured. float16 cannot run on a CPU:
-# it gets bfloat16's bounds (bfloat16 keeps 3 fewer mantissa bits).
+# 1.6e-3 and projector error 2.8e-3. Log-probs do not tell runs apart (the second run: 3.2e-5) and move more
+# in a far-from-trained model: the faithful F16 file of an adapter with random LoRA B at std 0.1 measured
+# 3.4e-3 nats (AMD EPYC Zen 5), so their bound is 0.01. bfloat16 and 4-bit references are looser by what
+# they measured (bfloat16: count TV 2.3e-3, projector 2.5e-3 on the tiny model) and by what the 8B, never run,
+# may add: their bounds are the ones the 16-bit and 4-bit profiles carried before these were measured.
+# float16 cannot run on a CPU: it gets bfloat16's bounds (bfloat16 keeps 3 fewer mantissa bits).
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("float32", "unquantized"): Tolerance(evaluated_agreement=0.97, count_agreement=0.97, count_tv=0.001,
-                                          answer_agreement=0.97, trained_agreement=0.97, logprob_diff=0.001,
+                                          answer_agreement=0.97, trained_agreement=0.97, logprob_diff=0.01,
                                           projector_error=0.001),
     ("float32", "quantized"): Tolerance(evaluated_agreement=0.97, count_agreement=0.85, count_tv=0.1,
                                         answer_agreement=0.85, trained_agreement=0.8, logprob_diff=1.0,
