@@ -133,8 +133,6 @@ def test_repo_ids_name_the_three_repos():
 def test_a_run_without_its_outputs_is_refused_naming_the_file_and_its_stage(tmp_path):
     with pytest.raises(VgrpoError, match=r"models/merged/config.json: not found \(run the pipeline through export"):
         hub_publish.check_run(tmp_path)
-    for path in hub_publish.FOLDERS.values():
-        (tmp_path / path).mkdir(parents=True)
     for path in ("models/merged/config.json", "models/adapter/adapter_config.json", "models/base/source.json",
                  "reports/eval/metrics.json", "models/README.md"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
