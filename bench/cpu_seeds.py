@@ -2,7 +2,8 @@
 made to describe), pass@k at GRPO's sampling settings (warm start and after GRPO), after GRPO, the two
 controls at GRPO's own budget (rejection-sampling fine-tuning on the warm start's verified samples, and
 full-label SFT: bench/controls.py), GRPO's own share (after GRPO minus the better of the warm start made to
-describe and RFT) with a paired 95% interval per seed and over the seeds, and OOD; with the CPU named.
+describe and RFT) with a paired 95% interval per seed and over the seeds, GRPO minus each of the three on
+its own (with its interval), and OOD; with the CPU named.
 Every figure is printed for `val` (the split recipes are chosen on) and `test` (reported).
 
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --jobs 2 0 1 2 3 4     # over an hour a seed-job on 1 core
@@ -100,21 +101,31 @@ def accuracy(run: dict[str, bool]) -> float | None:
     return sum(run.values()) / len(run) if run else None
 
 
-def own_share(rows: dict[int, dict], samples: int = 2000, seed: int = 0) -> tuple[list[float], list[float]]:
-    """GRPO minus the better (on this split) of the warm start made to describe and RFT, per seed, and a
-    paired bootstrap over the seeds' images of the mean of those differences: (per-seed, [low, high])."""
+def paired_difference(rows: dict[int, dict], rival_of, samples: int = 2000,
+                      seed: int = 0) -> tuple[list[float], list[float]]:
+    """GRPO minus a rival (`rival_of(runs)` names it: a seed's runs -> a key of runs), per seed, and a paired
+    bootstrap over the seeds' images of the mean of those differences: (per-seed, [low, high])."""
     rng = np.random.default_rng(seed)
     per_seed, draws = [], np.zeros(samples)
     for r in rows.values():
         runs = r["runs"]
-        rivals = [name for name in ("described", "rft") if runs[name]]
-        rival = max(rivals, key=lambda name: accuracy(runs[name]))
-        ids = [i for i in runs["grpo"] if i in runs[rival]]
-        diff = np.array([runs["grpo"][i] - runs[rival][i] for i in ids], dtype=float)
+        rival = runs[rival_of(runs)]
+        ids = [i for i in runs["grpo"] if i in rival]
+        diff = np.array([runs["grpo"][i] - rival[i] for i in ids], dtype=float)
         per_seed.append(float(diff.mean()))
         draws += diff[rng.integers(0, len(diff), size=(samples, len(diff)))].mean(axis=1)
     draws /= len(rows)
     return per_seed, [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
+
+
+def better_rival(runs: dict[str, dict[str, bool]]) -> str:
+    """The better, on this split, of the warm start made to describe and RFT: what GRPO's own share is over."""
+    return max((name for name in ("described", "rft") if runs[name]), key=lambda name: accuracy(runs[name]))
+
+
+def own_share(rows: dict[int, dict]) -> tuple[list[float], list[float]]:
+    """GRPO minus the better of the warm start made to describe and RFT, per seed, with its interval."""
+    return paired_difference(rows, better_rival)
 
 
 def share(value) -> str:
@@ -150,6 +161,12 @@ def report(work: Path, split: str) -> None:
                f"{statistics.mean(per_seed) * 100:+.1f} points, paired 95% interval over the seeds' images "
                f"[{interval[0] * 100:+.1f}, {interval[1] * 100:+.1f}], range {min(per_seed) * 100:+.1f} to "
                f"{max(per_seed) * 100:+.1f}")
+    for key, label in (("described", "the warm start made to describe"), ("rft", "RFT"),
+                       ("full_label_sft", "full-label SFT")):
+        if all(r["runs"][key] for r in rows.values()):
+            diffs, (low, high) = paired_difference(rows, lambda runs, key=key: key)
+            click.echo(f"GRPO minus {label}: mean {statistics.mean(diffs) * 100:+.1f} points [{low * 100:+.1f}, "
+                       f"{high * 100:+.1f}], range {min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f}")
     oods = [r["ood"].get("trained") for r in rows.values() if r["ood"]]
     if oods:
         click.echo(f"OOD (counts above the training range) after GRPO: mean {statistics.mean(oods):.1%}")
