@@ -34,6 +34,7 @@ import yaml
 from pipeline import cpu_name, environment, make_clone, sh  # bench/pipeline.py
 
 BENCH = Path(__file__).resolve().parent
+PASS_MODELS = ("base", "base_described", "trained")  # evaluate's pass@k: the warm start, made to describe, GRPO
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -141,16 +142,17 @@ def report(work: Path, split: str) -> None:
     images = {r["images"] for r in rows.values()}
     click.echo(f"cpu profile over {len(rows)} seeds (base.seed = train.seed), data generate.seed "
                f"{generate['seed']}, {split} accuracy on {images.pop()} images; one thread per run; CPU: {cpu_name()}")
-    click.echo("| seed | warm start, greedy | made to describe | pass@1/4/16 warm start | pass@1/4/16 after GRPO | "
-               "after GRPO | RFT | full-label SFT | GRPO's own share | OOD after GRPO |")
-    click.echo("|---|---|---|---|---|---|---|---|---|---|")
+    click.echo("| seed | warm start, greedy | made to describe | pass@1/4/16 warm start | "
+               "pass@1/4/16 made to describe | pass@1/4/16 after GRPO | after GRPO | RFT | full-label SFT | "
+               "GRPO's own share | OOD after GRPO |")
+    click.echo("|---|---|---|---|---|---|---|---|---|---|---|")
     per_seed, interval = own_share(rows)
     for (seed, r), own in zip(rows.items(), per_seed, strict=True):
         runs = r["runs"]
         passes = ["/".join(f"{v:.2f}" for k, v in (r["pass"].get(name) or {}).items() if k.startswith("pass@")) or "-"
-                  for name in ("base", "trained")]
+                  for name in PASS_MODELS]
         click.echo(f"| {seed} | {share(accuracy(runs['greedy']))} | {share(accuracy(runs['described']))} | "
-                   f"{passes[0]} | {passes[1]} | {share(accuracy(runs['grpo']))} | {share(accuracy(runs['rft']))} | "
+                   f"{' | '.join(passes)} | {share(accuracy(runs['grpo']))} | {share(accuracy(runs['rft']))} | "
                    f"{share(accuracy(runs['full_label_sft']))} | {own * 100:+.1f} | {share(r['ood'].get('trained'))} |")
     for key, label in (("greedy", "warm start, greedy"), ("described", "warm start made to describe"),
                        ("grpo", "after GRPO"), ("rft", "RFT control"), ("full_label_sft", "full-label SFT control")):
@@ -167,6 +169,12 @@ def report(work: Path, split: str) -> None:
             diffs, (low, high) = paired_difference(rows, lambda runs, key=key: key)
             click.echo(f"GRPO minus {label}: mean {statistics.mean(diffs) * 100:+.1f} points [{low * 100:+.1f}, "
                        f"{high * 100:+.1f}], range {min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f}")
+    for name, label in zip(PASS_MODELS, ("warm start", "warm start made to describe", "after GRPO"), strict=True):
+        found = [r["pass"][name] for r in rows.values() if r["pass"].get(name)]
+        if found:
+            ks = [k for k in found[0] if k.startswith("pass@")]
+            means = ", ".join(f"{k} {statistics.mean(p[k] for p in found):.2f}" for k in ks)
+            click.echo(f"pass@k {label}, at GRPO's sampling settings: mean over {len(found)} seeds {means}")
     oods = [r["ood"].get("trained") for r in rows.values() if r["ood"]]
     if oods:
         click.echo(f"OOD (counts above the training range) after GRPO: mean {statistics.mean(oods):.1%}")

@@ -70,6 +70,8 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
     assert f"after GRPO: mean {evaluation['trained']['accuracy']:.1%}" in table
     assert re.search(r"GRPO's own share \(after GRPO minus the better of made to describe and RFT\): mean "
                      r"[+-][\d.]+ points, paired 95% interval over the seeds' images \[[+-][\d.]+, [+-][\d.]+\]", table)
+    for label in ("warm start", "after GRPO"):  # the tiny profile's base has no brief style to forbid
+        assert re.search(rf"pass@k {label}, at GRPO's sampling settings: mean over 1 seeds pass@1 [\d.]+", table), table
     for label in ("RFT", "full-label SFT"):  # GRPO against each control on its own, with its interval
         assert re.search(rf"GRPO minus {label}: mean [+-][\d.]+ points \[[+-][\d.]+, [+-][\d.]+\], range", table), table
 
