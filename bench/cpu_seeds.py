@@ -102,15 +102,15 @@ def accuracy(run: dict[str, bool]) -> float | None:
     return sum(run.values()) / len(run) if run else None
 
 
-def paired_difference(rows: dict[int, dict], rival_of, samples: int = 2000,
+def paired_difference(rows: dict[int, dict], rivals: dict[int, str], samples: int = 2000,
                       seed: int = 0) -> tuple[list[float], list[float]]:
-    """GRPO minus a rival (`rival_of(runs)` names it: a seed's runs -> a key of runs), per seed, and a paired
-    bootstrap over the seeds' images of the mean of those differences: (per-seed, [low, high])."""
+    """GRPO minus each seed's rival (`rivals`: seed -> a key of its runs), per seed, and a paired bootstrap
+    over the seeds' images of the mean of those differences: (per-seed, [low, high])."""
     rng = np.random.default_rng(seed)
     per_seed, draws = [], np.zeros(samples)
-    for r in rows.values():
+    for seed_of_row, r in rows.items():
         runs = r["runs"]
-        rival = runs[rival_of(runs)]
+        rival = runs[rivals[seed_of_row]]
         ids = [i for i in runs["grpo"] if i in rival]
         diff = np.array([runs["grpo"][i] - rival[i] for i in ids], dtype=float)
         per_seed.append(float(diff.mean()))
@@ -126,7 +126,7 @@ def better_rival(runs: dict[str, dict[str, bool]]) -> str:
 
 def own_share(rows: dict[int, dict]) -> tuple[list[float], list[float]]:
     """GRPO minus the better of the warm start made to describe and RFT, per seed, with its interval."""
-    return paired_difference(rows, better_rival)
+    return paired_difference(rows, {seed: better_rival(r["runs"]) for seed, r in rows.items()})
 
 
 def share(value) -> str:
@@ -166,7 +166,7 @@ def report(work: Path, split: str) -> None:
     for key, label in (("described", "the warm start made to describe"), ("rft", "RFT"),
                        ("full_label_sft", "full-label SFT")):
         if all(r["runs"][key] for r in rows.values()):
-            diffs, (low, high) = paired_difference(rows, lambda runs, key=key: key)
+            diffs, (low, high) = paired_difference(rows, dict.fromkeys(rows, key))
             click.echo(f"GRPO minus {label}: mean {statistics.mean(diffs) * 100:+.1f} points [{low * 100:+.1f}, "
                        f"{high * 100:+.1f}], range {min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f}")
     for name, label in zip(PASS_MODELS, ("warm start", "warm start made to describe", "after GRPO"), strict=True):
