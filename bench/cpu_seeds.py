@@ -95,6 +95,8 @@ def seed_figures(folder: Path, split: str) -> dict:
     return {"runs": runs, "images": m["trained"]["samples"],
             "pass": {name: m[name].get("pass_at_k") for name in ("base", "base_described", "trained") if name in m},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
+            "reasoning": {name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
+                          for name in ("base_described", "trained") if name in m},
             "zero_spread_groups": train.get("zero_spread_groups"), "grpo_minutes": train["seconds"] / 60}
 
 
@@ -178,6 +180,13 @@ def report(work: Path, split: str) -> None:
     oods = [r["ood"].get("trained") for r in rows.values() if r["ood"]]
     if oods:
         click.echo(f"OOD (counts above the training range) after GRPO: mean {statistics.mean(oods):.1%}")
+    for name, label in (("base_described", "made to describe"), ("trained", "after GRPO")):
+        # where an answer goes wrong: the reasoning's count of the asked shape, or copying it into the answer
+        found = [r["reasoning"][name] for r in rows.values() if name in r["reasoning"]]
+        if found:
+            click.echo(f"{label}: the reasoning states the asked count right on {statistics.mean(f[0] for f in found):.1%}, "
+                       f"the answer is the reasoning's count on {statistics.mean(f[1] for f in found):.1%} "
+                       f"(mean over {len(found)} seeds)")
     spread = [r["zero_spread_groups"] for r in rows.values() if r["zero_spread_groups"] is not None]
     if spread:
         click.echo(f"GRPO's groups without reward spread: mean {statistics.mean(spread):.0%}")

@@ -45,6 +45,10 @@ from vgrpo.config import compose  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SAMPLES = 8  # per split: enough to run every code path, quick on a CPU
 PASS_IMAGES = 1  # pass@k's test images, each answered max(pass_k) times by base and trained (7 min at 8 on a CPU)
+# Every case and dvc run evaluates and smoke-tests this little: enough to run every code path.
+SMALL_EVALUATION = {**{f"evaluate.max_samples.{split}": EVAL_SAMPLES for split in ("val", "test", "ood")},
+                    "evaluate.attention_samples": 1, "evaluate.pass_samples.test": PASS_IMAGES,
+                    "smoke.num_images": EVAL_SAMPLES}
 MEMORY_STOP = "is planned at"  # in vgrpo.memory's one-line stop: the case does not fit this GPU
 
 
@@ -77,10 +81,7 @@ class Check:
         """params.yaml for a case, composed from conf/ as `dvc exp run -S profile=... -S ...` would: the tiny
         model's `tiny` profile, or for a hub model `gpu16` when the case loads 4-bit weights and `full`
         otherwise, with the check's steps, samples and images, and `overrides` ("group.key": value)."""
-        settings = {"train.max_steps": self.steps, "train.save_steps": 1000, "train.eval_steps": 0,
-                    **{f"evaluate.max_samples.{split}": EVAL_SAMPLES for split in ("val", "test", "ood")},
-                    "evaluate.attention_samples": 1, "evaluate.pass_samples.test": PASS_IMAGES,
-                    "smoke.num_images": EVAL_SAMPLES}
+        settings = {"train.max_steps": self.steps, "train.save_steps": 1000, "train.eval_steps": 0, **SMALL_EVALUATION}
         profile = "tiny"
         if self.model != "tiny":  # a hub model: its recipe's profile, on few images (no warm start: that is the tiny's)
             profile = "gpu16" if overrides.get("train.load_in_4bit") else "full"
@@ -206,9 +207,7 @@ class Check:
         case, start = f"dvc-{profile}", time.time()
         clone = self.work / case
         ok, line = self.run(case, ["git", "clone", "-q", str(ROOT), str(clone)])
-        sets = {"train.max_steps": self.steps, "train.backend": "auto", "smoke.num_images": 8,
-                "evaluate.pass_samples.test": PASS_IMAGES,
-                **{f"evaluate.max_samples.{s}": EVAL_SAMPLES for s in ("val", "test", "ood")}}
+        sets = {"train.max_steps": self.steps, "train.backend": "auto", **SMALL_EVALUATION}
         if profile != "tiny" and self.model != self.default_model:
             sets.update({"model.name": self.model, "model.revision": self.revision})
         command = ["dvc", "exp", "run", "-S", f"profile={profile}",
