@@ -10,6 +10,8 @@ Every figure is printed for `val` (the split recipes are chosen on) and `test` (
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --report                # the table from what is there
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-45 --set train.max_steps=45 --set train.learning_rate=5e-4 \
         --set train.eval_steps=15 --no-controls 0 1 2 3 4                                 # the profile before 0.2.0
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-68 --control rft --set generate.warmup_other_max_count=8 \
+        0 1 2 3 4                                                                         # a lever, RFT only
 
 Each seed runs in its own clone (bench/pipeline.py's): `dvc exp run -S profile=cpu -S base.seed=S -S
 train.seed=S [--set ...] evaluate` (generate, base, train, evaluate: export and smoke add nothing to these
@@ -42,7 +44,7 @@ def one_thread(repo: Path) -> dict:
     return {**environment(repo), **ONE_THREAD}
 
 
-def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: bool) -> None:
+def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: tuple[str, ...]) -> None:
     folder = work / f"seed-{seed}"
     if (folder / "done").exists():
         click.echo(f"seed {seed}: done before, kept", err=True)
@@ -56,8 +58,9 @@ def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: bool) -
     if result.returncode:
         raise SystemExit(f"seed {seed}: dvc exp run failed, see {folder / 'exp-run.log'}")
     if controls:
-        click.echo(f"seed {seed}: the controls (RFT, full-label SFT)", err=True)
-        result = subprocess.run([sys.executable, str(BENCH / "controls.py"), "--repo", str(repo)], cwd=repo,
+        click.echo(f"seed {seed}: the controls ({', '.join(controls)})", err=True)
+        which = [arg for name in controls for arg in ("--control", name)]
+        result = subprocess.run([sys.executable, str(BENCH / "controls.py"), "--repo", str(repo), *which], cwd=repo,
                                 env=one_thread(repo), capture_output=True, text=True)
         (folder / "controls.log").write_text(result.stdout + result.stderr)
         if result.returncode:
@@ -199,18 +202,21 @@ def report(work: Path, split: str) -> None:
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="A params override after the profile (repeatable), e.g. train.max_steps=45: a variant.")
 @click.option("--controls/--no-controls", default=True, show_default=True,
-              help="Train and score the RFT and full-label SFT controls after each seed's GRPO.")
+              help="Train and score the controls after each seed's GRPO.")
+@click.option("--control", "control_names", multiple=True, type=click.Choice(["rft", "full_label_sft"]),
+              help="Only these controls (repeatable; default: both).")
 @click.option("--jobs", default=1, show_default=True, help="Seeds run side by side (each on one thread).")
 @click.option("--split", "splits", multiple=True, default=("val", "test"), show_default=True,
               help="The splits the table is printed for.")
 def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[str, ...], controls: bool,
-         jobs: int, splits: tuple[str, ...]) -> None:
+         control_names: tuple[str, ...], jobs: int, splits: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
+    controls_to_run = (control_names or ("rft", "full_label_sft")) if controls else ()
     if not report_only and seeds:
         for seed in seeds:  # every clone first: each seed runs the code as it was when the command started
             prepare_clone(work, seed)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(lambda seed: run_seed(work, seed, settings, controls), seeds))
+            list(pool.map(lambda seed: run_seed(work, seed, settings, controls_to_run), seeds))
     for split in splits:
         report(work, split)
 
