@@ -187,8 +187,9 @@ def report(work: Path, split: str) -> None:
         # where an answer goes wrong: the reasoning's count of the asked shape, or copying it into the answer
         found = [r["reasoning"][name] for r in rows.values() if name in r["reasoning"]]
         if found:
-            click.echo(f"{label}: the reasoning states the asked count right on {statistics.mean(f[0] for f in found):.1%}, "
-                       f"the answer is the reasoning's count on {statistics.mean(f[1] for f in found):.1%} "
+            stated, copied = statistics.mean(f[0] for f in found), statistics.mean(f[1] for f in found)
+            click.echo(f"{label}: the reasoning states the asked count right on {stated:.1%}, "
+                       f"the answer is the reasoning's count on {copied:.1%} "
                        f"(mean over {len(found)} seeds)")
     spread = [r["zero_spread_groups"] for r in rows.values() if r["zero_spread_groups"] is not None]
     if spread:

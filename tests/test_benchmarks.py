@@ -72,8 +72,9 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
                      r"[+-][\d.]+ points, paired 95% interval over the seeds' images \[[+-][\d.]+, [+-][\d.]+\]", table)
     for label in ("warm start", "after GRPO"):  # the tiny profile's base has no brief style to forbid
         assert re.search(rf"pass@k {label}, at GRPO's sampling settings: mean over 1 seeds pass@1 [\d.]+", table), table
-    assert (f"after GRPO: the reasoning states the asked count right on {evaluation['trained']['reasoning_count_accuracy']:.1%}, "
-            f"the answer is the reasoning's count on {evaluation['trained']['answer_matches_reasoning']:.1%} "
+    trained = evaluation["trained"]
+    assert (f"after GRPO: the reasoning states the asked count right on {trained['reasoning_count_accuracy']:.1%}, "
+            f"the answer is the reasoning's count on {trained['answer_matches_reasoning']:.1%} "
             "(mean over 1 seeds)") in table, table
     for label in ("RFT", "full-label SFT"):  # GRPO against each control on its own, with its interval
         assert re.search(rf"GRPO minus {label}: mean [+-][\d.]+ points \[[+-][\d.]+, [+-][\d.]+\], range", table), table

@@ -88,6 +88,11 @@ BAD_INPUTS = [
      "params.yaml: base.described_share: expected a number > 0 and <= 1, got 0"),
     ("brief answers neither right nor guessed", lambda r: set_key(r, "base.brief_answers", "wrong"),
      "params.yaml: base.brief_answers: expected one of right, guessed, got 'wrong'"),
+    ("no guess", lambda r: set_key(r, "base.brief_guess_max", 0),
+     "params.yaml: base.brief_guess_max: expected an integer >= 1, got 0"),
+    ("guesses below the smallest count",
+     lambda r: set_key(set_key(r, "generate.min_count", 3), "base.brief_guess_max", 2),
+     "params.yaml: base.brief_guess_max: must be >= generate.min_count (2 < 3)"),
 ]
 
 

@@ -202,3 +202,25 @@ def test_guessed_brief_answers_are_random_counts_and_leave_the_described_ones(ti
     assert {n for n, _ in briefs} == counts
     assert sum(n == int(row["answer"]) for n, row in briefs) / len(briefs) < 1.5 / len(counts)
     assert answers("guessed") == guessed and answers("guessed", seed=1) != guessed
+
+
+def test_guessed_brief_answers_reach_the_guess_max(tiny_dataset):
+    """`base.brief_guess_max` above the warm-up's counts puts those numbers in the brief answers (and so in
+    the answer slot's support), and leaves the described answers as they were."""
+    from vgrpo.config import WARMUP
+    from vgrpo.shapes import dataset_colours, load_dataset
+    from vgrpo.warm_start import sft_dataset
+
+    warmup, colours = load_dataset(tiny_dataset, splits=(WARMUP,))[WARMUP], dataset_colours(tiny_dataset)
+    highest = max(int(a) for a in warmup["answer"])
+
+    def answers(guess_max):
+        return [turn[0]["content"] for turn in sft_dataset(warmup, colours, 0.5, 0, "guessed", guess_max)["completion"]]
+
+    within, beyond = answers(None), answers(highest + 3)
+    described = [a == reference_answer(row["counts"], colours, row["target_shape"])
+                 for a, row in zip(within, warmup, strict=True)]
+    assert [b for b, d in zip(beyond, described, strict=True) if d] == [
+        w for w, d in zip(within, described, strict=True) if d]
+    numbers = {parse_answer(b) for b, d in zip(beyond, described, strict=True) if not d}
+    assert max(numbers) > highest and max(parse_answer(w) for w in within) <= highest

@@ -123,6 +123,9 @@ class BaseParams:
     answer_smoothing: float = knob(ge=0, le=1)  # share of the answer number's target spread over every answer number
     described_share: float = knob(gt=0, le=1)  # warm-up answers that state the three counts; the rest are brief
     brief_answers: BriefAnswers  # guessed: a brief answer's number is a random count, not the right one
+    # a guessed brief answer's largest number (null: the warm-up split's largest count); above it, the answer
+    # slot has out-of-range numbers in its support
+    brief_guess_max: int | None = knob(ge=1)
 
 
 @dataclass(frozen=True)
@@ -431,6 +434,8 @@ def _check_relations(config: Config, source: str) -> None:
         fail("base.sft_steps", f"the warm start is for the tiny model (model.name: tiny), not {m.name}: set it to 0")
     if b.sft_steps and not g.warmup_size:
         fail("base.sft_steps", f"{b.sft_steps} warm-start steps need warm-start images: set generate.warmup_size > 0")
+    if b.brief_guess_max is not None and b.brief_guess_max < g.min_count:
+        fail("base.brief_guess_max", f"must be >= generate.min_count ({b.brief_guess_max} < {g.min_count})")
     if b.answer_smoothing and not b.sampled_negatives:
         fail("base.answer_smoothing", "is computed in the sampled-softmax loss: set base.sampled_negatives > 0")
     for name in t.rewards:

@@ -33,16 +33,17 @@ RECIPE_VERSION = 4  # bump when the code below changes what a given recipe produ
 
 
 def sft_dataset(warmup, colours: dict[str, str], described_share: float = 1.0, seed: int = 0,
-                brief_answers: BriefAnswers = "right"):
+                brief_answers: BriefAnswers = "right", guess_max: int | None = None):
     """The `warmup` split as TRL's prompt-completion vision format: the image, the product's prompt
     (a user turn), and the reference answer (an assistant turn). With `described_share` < 1, that
     share of the answers (drawn with `seed`) states the three counts and the others are brief; with
     `brief_answers: guessed` a brief answer's number is drawn uniformly from the split's smallest to
-    largest count (with `seed` + 1), so that the brief style is a guess whatever CPU trains it."""
+    largest count (or to `guess_max`, with `seed` + 1), so that the brief style is a guess whatever CPU trains it."""
     described = np.random.default_rng(seed).random(len(warmup)) < described_share
     if brief_answers == "guessed":
         counts = [int(answer) for answer in warmup["answer"]]
-        guesses = np.random.default_rng(seed + 1).integers(min(counts), max(counts) + 1, len(warmup))
+        highest = max(counts) if guess_max is None else guess_max
+        guesses = np.random.default_rng(seed + 1).integers(min(counts), highest + 1, len(warmup))
 
     def to_example(row, index):
         if described[index]:
@@ -258,7 +259,8 @@ def train_and_measure(model_dir: Path, model: ModelParams, params: BaseParams, d
     if params.freeze_embeddings:
         net.get_input_embeddings().weight.requires_grad_(False)
     live = Live(str(reports_dir), dvcyaml=None, save_dvc_exp=False, report=None)
-    examples = sft_dataset(dataset[WARMUP], colours, params.described_share, params.seed, params.brief_answers)
+    examples = sft_dataset(dataset[WARMUP], colours, params.described_share, params.seed, params.brief_answers,
+                           params.brief_guess_max)
     trainer = sft_trainer(net, processor, params, examples, out_dir / "trainer",
                           callbacks=[LiveCurves(live, prefix="sft")])
     start = time.perf_counter()
