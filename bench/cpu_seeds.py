@@ -83,6 +83,14 @@ def predictions(path: Path, split: str, model: str) -> dict[str, bool]:
     return {r["id"]: r["correct"] for r in map(json.loads, path.open()) if r["split"] == split and r["model"] == model}
 
 
+def share_above(path: Path, split: str, model: str, highest: int) -> float | None:
+    """The share of a model's answers on `split` that name a count above `highest` (the training range's top)."""
+    if not path.is_file():
+        return None
+    parsed = [r["parsed"] for r in map(json.loads, path.open()) if r["split"] == split and r["model"] == model]
+    return sum(p is not None and p > highest for p in parsed) / len(parsed) if parsed else None
+
+
 def seed_figures(folder: Path, split: str) -> dict:
     """One seed's figures on `split`, from its clone's reports/ and controls/."""
     repo = folder / "repo"
@@ -95,7 +103,12 @@ def seed_figures(folder: Path, split: str) -> dict:
         runs[control] = predictions(repo / "controls" / control / "eval/predictions.jsonl", split, "trained")
     ood = metrics.get("ood", {})
     train = json.loads((repo / "reports/train/metrics.json").read_text())
-    return {"runs": runs, "images": m["trained"]["samples"],
+    highest = yaml.safe_load((repo / "params.yaml").read_text())["generate"]["max_count"]
+    sources = {"described": ("reports/eval", "base_described"), "grpo": ("reports/eval", "trained"),
+               "rft": ("controls/rft/eval", "trained")}
+    above = {key: share_above(repo / folder_name / "predictions.jsonl", split, model, highest)
+             for key, (folder_name, model) in sources.items()}
+    return {"runs": runs, "above": above, "highest": highest, "images": m["trained"]["samples"],
             "pass": {name: m[name].get("pass_at_k") for name in ("base", "base_described", "trained") if name in m},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
             "reasoning": {name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
@@ -191,6 +204,11 @@ def report(work: Path, split: str) -> None:
             click.echo(f"{label}: the reasoning states the asked count right on {stated:.1%}, "
                        f"the answer is the reasoning's count on {copied:.1%} "
                        f"(mean over {len(found)} seeds)")
+    for key, label in (("described", "made to describe"), ("grpo", "after GRPO"), ("rft", "RFT")):
+        found = [r["above"][key] for r in rows.values() if r["above"][key] is not None]
+        if found:  # an answer above the training range must be reachable for OOD accuracy above 0
+            click.echo(f"{label}: answers above the training range (> {next(iter(rows.values()))['highest']}) "
+                       f"{statistics.mean(found):.1%} (mean over {len(found)} seeds)")
     spread = [r["zero_spread_groups"] for r in rows.values() if r["zero_spread_groups"] is not None]
     if spread:
         click.echo(f"GRPO's groups without reward spread: mean {statistics.mean(spread):.0%}")

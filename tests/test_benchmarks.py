@@ -76,6 +76,13 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
     assert (f"after GRPO: the reasoning states the asked count right on {trained['reasoning_count_accuracy']:.1%}, "
             f"the answer is the reasoning's count on {trained['answer_matches_reasoning']:.1%} "
             "(mean over 1 seeds)") in table, table
+    import yaml
+
+    highest = yaml.safe_load((repo / "params.yaml").read_text())["generate"]["max_count"]
+    answers = [r["parsed"] for r in map(json.loads, (repo / "reports/eval/predictions.jsonl").open())
+               if r["split"] == "test" and r["model"] == "trained"]
+    above = sum(a is not None and a > highest for a in answers) / len(answers)
+    assert f"after GRPO: answers above the training range (> {highest}) {above:.1%} (mean over 1 seeds)" in table, table
     for label in ("RFT", "full-label SFT"):  # GRPO against each control on its own, with its interval
         assert re.search(rf"GRPO minus {label}: mean [+-][\d.]+ points \[[+-][\d.]+, [+-][\d.]+\], range", table), table
 
