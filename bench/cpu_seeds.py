@@ -35,7 +35,6 @@ import numpy as np
 import yaml
 from pipeline import cpu_name, environment, make_clone, sh  # bench/pipeline.py
 
-BENCH = Path(__file__).resolve().parent
 PASS_MODELS = ("base", "base_described", "trained")  # evaluate's pass@k: the warm start, made to describe, GRPO
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -60,8 +59,9 @@ def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: tuple[s
     if controls:
         click.echo(f"seed {seed}: the controls ({', '.join(controls)})", err=True)
         which = [arg for name in controls for arg in ("--control", name)]
-        result = subprocess.run([sys.executable, str(BENCH / "controls.py"), "--repo", str(repo), *which], cwd=repo,
-                                env=one_thread(repo), capture_output=True, text=True)
+        # the clone's copy, over the clone's vgrpo: the code as it was when the command started
+        command = [sys.executable, str(repo / "bench/controls.py"), "--repo", str(repo), *which]
+        result = subprocess.run(command, cwd=repo, env=one_thread(repo), capture_output=True, text=True)
         (folder / "controls.log").write_text(result.stdout + result.stderr)
         if result.returncode:
             raise SystemExit(f"seed {seed}: bench/controls.py failed, see {folder / 'controls.log'}")

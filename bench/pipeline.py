@@ -21,7 +21,7 @@ import click
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["dvc.yaml", "params.yaml", "conf", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore",
-         "data/.gitignore"]
+         "data/.gitignore", "bench/controls.py"]  # the controls too: cpu_seeds runs the clone's copy
 
 
 def cpu_name() -> str:
