@@ -91,8 +91,8 @@ def share_above(path: Path, split: str, model: str, highest: int) -> float | Non
     return sum(p is not None and p > highest for p in parsed) / len(parsed) if parsed else None
 
 
-def seed_figures(folder: Path, split: str) -> dict:
-    """One seed's figures on `split`, from its clone's reports/ and controls/."""
+def seed_figures(folder: Path, split: str, highest: int) -> dict:
+    """One seed's figures on `split`, from its clone's reports/ and controls/ (`highest`: generate.max_count)."""
     repo = folder / "repo"
     metrics = json.loads((repo / "reports/eval/metrics.json").read_text())
     m = metrics[split]
@@ -103,12 +103,11 @@ def seed_figures(folder: Path, split: str) -> dict:
         runs[control] = predictions(repo / "controls" / control / "eval/predictions.jsonl", split, "trained")
     ood = metrics.get("ood", {})
     train = json.loads((repo / "reports/train/metrics.json").read_text())
-    highest = yaml.safe_load((repo / "params.yaml").read_text())["generate"]["max_count"]
     sources = {"described": ("reports/eval", "base_described"), "grpo": ("reports/eval", "trained"),
                "rft": ("controls/rft/eval", "trained")}
     above = {key: share_above(repo / folder_name / "predictions.jsonl", split, model, highest)
              for key, (folder_name, model) in sources.items()}
-    return {"runs": runs, "above": above, "highest": highest, "images": m["trained"]["samples"],
+    return {"runs": runs, "above": above, "images": m["trained"]["samples"],
             "pass": {name: m[name].get("pass_at_k") for name in ("base", "base_described", "trained") if name in m},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
             "reasoning": {name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
@@ -155,8 +154,8 @@ def report(work: Path, split: str) -> None:
     folders = sorted((f for f in work.glob("seed-*") if (f / "done").exists()), key=lambda f: int(f.name.split("-")[1]))
     if not folders:
         raise SystemExit(f"cpu_seeds: no finished seed in {work}")
-    rows = {int(f.name.split("-")[1]): seed_figures(f, split) for f in folders}
     generate = yaml.safe_load((folders[0] / "repo/params.yaml").read_text())["generate"]
+    rows = {int(f.name.split("-")[1]): seed_figures(f, split, generate["max_count"]) for f in folders}
     images = {r["images"] for r in rows.values()}
     click.echo(f"cpu profile over {len(rows)} seeds (base.seed = train.seed), data generate.seed "
                f"{generate['seed']}, {split} accuracy on {images.pop()} images; one thread per run; CPU: {cpu_name()}")
@@ -207,7 +206,7 @@ def report(work: Path, split: str) -> None:
     for key, label in (("described", "made to describe"), ("grpo", "after GRPO"), ("rft", "RFT")):
         found = [r["above"][key] for r in rows.values() if r["above"][key] is not None]
         if found:  # an answer above the training range must be reachable for OOD accuracy above 0
-            click.echo(f"{label}: answers above the training range (> {next(iter(rows.values()))['highest']}) "
+            click.echo(f"{label}: answers above the training range (> {generate['max_count']}) "
                        f"{statistics.mean(found):.1%} (mean over {len(found)} seeds)")
     spread = [r["zero_spread_groups"] for r in rows.values() if r["zero_spread_groups"] is not None]
     if spread:

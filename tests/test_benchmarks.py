@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 from conftest import ROOT, run, tiny_params
 
 from vgrpo.prompts import brief_style_fork
@@ -76,8 +77,6 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
     assert (f"after GRPO: the reasoning states the asked count right on {trained['reasoning_count_accuracy']:.1%}, "
             f"the answer is the reasoning's count on {trained['answer_matches_reasoning']:.1%} "
             "(mean over 1 seeds)") in table, table
-    import yaml
-
     highest = yaml.safe_load((repo / "params.yaml").read_text())["generate"]["max_count"]
     answers = [r["parsed"] for r in map(json.loads, (repo / "reports/eval/predictions.jsonl").open())
                if r["split"] == "test" and r["model"] == "trained"]

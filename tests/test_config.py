@@ -90,8 +90,10 @@ BAD_INPUTS = [
      "params.yaml: base.brief_answers: expected one of right, guessed, got 'wrong'"),
     ("no guess", lambda r: set_key(r, "base.brief_guess_max", 0),
      "params.yaml: base.brief_guess_max: expected an integer >= 1, got 0"),
-    ("guesses below the smallest count",
-     lambda r: set_key(set_key(r, "generate.min_count", 3), "base.brief_guess_max", 2),
+    ("a guess max without guessed brief answers", lambda r: set_key(r, "base.brief_guess_max", 8),
+     "params.yaml: base.brief_guess_max: is only read with base.brief_answers: guessed (got right): set it to null"),
+    ("guesses below the smallest count", lambda r: set_key(set_key(set_key(
+        r, "base.brief_answers", "guessed"), "generate.min_count", 3), "base.brief_guess_max", 2),
      "params.yaml: base.brief_guess_max: must be >= generate.min_count (2 < 3)"),
 ]
 

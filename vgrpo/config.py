@@ -434,6 +434,9 @@ def _check_relations(config: Config, source: str) -> None:
         fail("base.sft_steps", f"the warm start is for the tiny model (model.name: tiny), not {m.name}: set it to 0")
     if b.sft_steps and not g.warmup_size:
         fail("base.sft_steps", f"{b.sft_steps} warm-start steps need warm-start images: set generate.warmup_size > 0")
+    if b.brief_guess_max is not None and b.brief_answers != "guessed":
+        fail("base.brief_guess_max", f"is only read with base.brief_answers: guessed (got {b.brief_answers}): set it "
+             "to null")
     if b.brief_guess_max is not None and b.brief_guess_max < g.min_count:
         fail("base.brief_guess_max", f"must be >= generate.min_count ({b.brief_guess_max} < {g.min_count})")
     if b.answer_smoothing and not b.sampled_negatives:
