@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from vgrpo.base import base_model_path  # noqa: E402
 from vgrpo.config import load_config  # noqa: E402
-from vgrpo.evaluation import mcnemar_p, paired_bootstrap_ci  # noqa: E402
 from vgrpo.generation import append_tokens, batch_inputs, completion_texts  # noqa: E402
+from vgrpo.intervals import mcnemar_p, paired_bootstrap_ci  # noqa: E402
 from vgrpo.models import load_model, load_processor  # noqa: E402
 from vgrpo.prompts import brief_style_fork, parse_answer  # noqa: E402
 from vgrpo.shapes import load_dataset  # noqa: E402

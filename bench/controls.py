@@ -31,7 +31,7 @@ def correct_by_id(predictions: Path, split: str, model: str) -> dict[str, bool]:
 
 def compare(repo: Path, control_eval: Path, splits: list[str], params) -> dict:
     """GRPO minus the control on each split, image by image."""
-    from vgrpo.evaluation import mcnemar_p, paired_bootstrap_ci
+    from vgrpo.intervals import mcnemar_p, paired_bootstrap_ci
 
     out = {}
     for split in splits:

@@ -31,9 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
-import numpy as np
 import yaml
-from pipeline import cpu_name, environment, make_clone, sh  # bench/pipeline.py
+from pipeline import ROOT, cpu_name, environment, make_clone, sh  # bench/pipeline.py
+
+sys.path.insert(0, str(ROOT))
+from vgrpo.intervals import mean_paired_bootstrap_ci  # noqa: E402
 
 PASS_MODELS = ("base", "base_described", "trained")  # evaluate's pass@k: the warm start, made to describe, GRPO
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -77,17 +79,20 @@ def prepare_clone(work: Path, seed: int) -> Path:
     return repo
 
 
-def predictions(path: Path, split: str, model: str) -> dict[str, bool]:
+def records(path: Path, split: str) -> list[dict]:
+    """A predictions.jsonl's rows on `split` (none when the run is absent, e.g. a control not run)."""
     if not path.is_file():
-        return {}
-    return {r["id"]: r["correct"] for r in map(json.loads, path.open()) if r["split"] == split and r["model"] == model}
+        return []
+    return [r for r in map(json.loads, path.open()) if r["split"] == split]
 
 
-def share_above(path: Path, split: str, model: str, highest: int) -> float | None:
-    """The share of a model's answers on `split` that name a count above `highest` (the training range's top)."""
-    if not path.is_file():
-        return None
-    parsed = [r["parsed"] for r in map(json.loads, path.open()) if r["split"] == split and r["model"] == model]
+def correct_by_id(rows: list[dict], model: str) -> dict[str, bool]:
+    return {r["id"]: r["correct"] for r in rows if r["model"] == model}
+
+
+def share_above(rows: list[dict], model: str, highest: int) -> float | None:
+    """The share of a model's answers that name a count above `highest` (the training range's top)."""
+    parsed = [r["parsed"] for r in rows if r["model"] == model]
     return sum(p is not None and p > highest for p in parsed) / len(parsed) if parsed else None
 
 
@@ -96,17 +101,17 @@ def seed_figures(folder: Path, split: str, highest: int) -> dict:
     repo = folder / "repo"
     metrics = json.loads((repo / "reports/eval/metrics.json").read_text())
     m = metrics[split]
-    runs = {"greedy": predictions(repo / "reports/eval/predictions.jsonl", split, "base"),
-            "described": predictions(repo / "reports/eval/predictions.jsonl", split, "base_described"),
-            "grpo": predictions(repo / "reports/eval/predictions.jsonl", split, "trained")}
-    for control in ("rft", "full_label_sft"):
-        runs[control] = predictions(repo / "controls" / control / "eval/predictions.jsonl", split, "trained")
+    evaluated = records(repo / "reports/eval/predictions.jsonl", split)
+    controls = {name: records(repo / "controls" / name / "eval/predictions.jsonl", split)
+                for name in ("rft", "full_label_sft")}
+    runs = {"greedy": correct_by_id(evaluated, "base"), "described": correct_by_id(evaluated, "base_described"),
+            "grpo": correct_by_id(evaluated, "trained"),
+            **{name: correct_by_id(rows, "trained") for name, rows in controls.items()}}
+    above = {"described": share_above(evaluated, "base_described", highest),
+             "grpo": share_above(evaluated, "trained", highest),
+             "rft": share_above(controls["rft"], "trained", highest)}
     ood = metrics.get("ood", {})
     train = json.loads((repo / "reports/train/metrics.json").read_text())
-    sources = {"described": ("reports/eval", "base_described"), "grpo": ("reports/eval", "trained"),
-               "rft": ("controls/rft/eval", "trained")}
-    above = {key: share_above(repo / folder_name / "predictions.jsonl", split, model, highest)
-             for key, (folder_name, model) in sources.items()}
     return {"runs": runs, "above": above, "images": m["trained"]["samples"],
             "pass": {name: m[name].get("pass_at_k") for name in ("base", "base_described", "trained") if name in m},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
@@ -119,21 +124,16 @@ def accuracy(run: dict[str, bool]) -> float | None:
     return sum(run.values()) / len(run) if run else None
 
 
-def paired_difference(rows: dict[int, dict], rivals: dict[int, str], samples: int = 2000,
-                      seed: int = 0) -> tuple[list[float], list[float]]:
+def paired_difference(rows: dict[int, dict], rivals: dict[int, str]) -> tuple[list[float], list[float]]:
     """GRPO minus each seed's rival (`rivals`: seed -> a key of its runs), per seed, and a paired bootstrap
     over the seeds' images of the mean of those differences: (per-seed, [low, high])."""
-    rng = np.random.default_rng(seed)
-    per_seed, draws = [], np.zeros(samples)
-    for seed_of_row, r in rows.items():
-        runs = r["runs"]
-        rival = runs[rivals[seed_of_row]]
-        ids = [i for i in runs["grpo"] if i in rival]
-        diff = np.array([runs["grpo"][i] - rival[i] for i in ids], dtype=float)
-        per_seed.append(float(diff.mean()))
-        draws += diff[rng.integers(0, len(diff), size=(samples, len(diff)))].mean(axis=1)
-    draws /= len(rows)
-    return per_seed, [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
+    pairs = []
+    for seed, r in rows.items():
+        grpo, rival = r["runs"]["grpo"], r["runs"][rivals[seed]]
+        ids = [i for i in grpo if i in rival]
+        pairs.append(([rival[i] for i in ids], [grpo[i] for i in ids]))
+    per_seed = [(sum(trained) - sum(base)) / len(base) for base, trained in pairs]
+    return per_seed, mean_paired_bootstrap_ci(pairs, samples=2000, seed=0)
 
 
 def better_rival(runs: dict[str, dict[str, bool]]) -> str:

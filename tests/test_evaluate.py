@@ -48,41 +48,10 @@ def test_summary_numbers():
     assert 0.0 <= low < 0.5 < high <= 1.0
 
 
-def test_bootstrap_interval_is_seeded_and_narrows_with_more_data():
-    few = [True, False] * 5
-    many = [True, False] * 500
-    assert evaluation.bootstrap_ci(few, 1000, 0) == evaluation.bootstrap_ci(few, 1000, 0)
-    width = lambda ci: ci[1] - ci[0]  # noqa: E731
-    assert width(evaluation.bootstrap_ci(many, 1000, 0)) < width(evaluation.bootstrap_ci(few, 1000, 0))
-    assert evaluation.bootstrap_ci([True] * 20, 500, 1) == [1.0, 1.0]
-
-
 def test_difference_is_trained_minus_base():
     trained = {"accuracy": 0.75, "rewards": {"format_tags": 1.0}, "accuracy_ci95": [0.5, 1.0], "samples": 4}
     base = {"accuracy": 0.25, "rewards": {"format_tags": -2.0}, "accuracy_ci95": [0.0, 0.5], "samples": 4}
     assert evaluation.difference(trained, base) == {"accuracy": 0.5, "rewards": {"format_tags": 3.0}}
-
-
-def test_paired_interval_and_mcnemar_on_a_known_difference():
-    """100 images: both right on 40, only trained on 30, only base on 5, both wrong on 25. The gain is
-    exactly 0.25; the pairing makes the interval far narrower than two independent intervals would."""
-    base = [True] * 40 + [False] * 30 + [True] * 5 + [False] * 25
-    trained = [True] * 40 + [True] * 30 + [False] * 5 + [False] * 25
-    low, high = evaluation.paired_bootstrap_ci(base, trained, 2000, 0)
-    assert low < 0.25 < high and low > 0.1 and high < 0.4
-    from scipy.stats import binom
-
-    assert evaluation.mcnemar_p(base, trained) == pytest.approx(2 * binom.cdf(5, 35, 0.5), rel=1e-3)
-    assert evaluation.mcnemar_p(base, trained) < 1e-4
-    unpaired = [a - b for a, b in zip(evaluation.bootstrap_ci(trained, 2000, 0)[::-1],
-                                      evaluation.bootstrap_ci(base, 2000, 0), strict=True)]
-    assert high - low < unpaired[0] - unpaired[1]  # narrower than the difference of independent intervals
-
-
-def test_identical_models_have_a_zero_interval_and_p_one():
-    same = [True, False, True, True, False] * 8
-    assert evaluation.paired_bootstrap_ci(same, same, 1000, 0) == [0.0, 0.0]
-    assert evaluation.mcnemar_p(same, same) == 1.0
 
 
 def test_gain_carries_interval_p_and_discordant_counts():

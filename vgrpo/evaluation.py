@@ -22,6 +22,7 @@ from vgrpo.attention import attention_sheet, image_attention, with_eager_attenti
 from vgrpo.config import Config, EvaluateParams
 from vgrpo.files import atomic_dir, write_json, write_jsonl
 from vgrpo.generation import generate, next_token_logits
+from vgrpo.intervals import bootstrap_ci, mcnemar_p, paired_bootstrap_ci
 from vgrpo.prompts import brief_style_openings, parse_answer, reasoning_text
 from vgrpo.rewards import REWARDS, stated_count
 
@@ -70,41 +71,6 @@ def score(rows, completions: list[str], tokenizer) -> list[dict]:
             "reasoning_count": stated_count(reasoning, row["target_shape"]),
         })
     return records
-
-
-def bootstrap_ci(correct: list[bool], samples: int, seed: int) -> list[float]:
-    """95% percentile bootstrap interval for the accuracy."""
-    values = np.asarray(correct, dtype=float)
-    if values.size == 0:
-        return [0.0, 0.0]
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(samples, values.size))].mean(axis=1)
-    return [round(float(np.percentile(means, 2.5)), 4), round(float(np.percentile(means, 97.5)), 4)]
-
-
-def paired_bootstrap_ci(base: list[bool], trained: list[bool], samples: int, seed: int) -> list[float]:
-    """95% percentile bootstrap interval for accuracy(trained) - accuracy(base). Each resample draws the
-    same images for both models: the two answered the same images, and pairing removes the variance
-    that the images' difficulty puts into both accuracies alike."""
-    base_arr, trained_arr = np.asarray(base, dtype=float), np.asarray(trained, dtype=float)
-    if base_arr.size == 0:
-        return [0.0, 0.0]
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, base_arr.size, size=(samples, base_arr.size))
-    gains = trained_arr[picks].mean(axis=1) - base_arr[picks].mean(axis=1)
-    return [round(float(np.percentile(gains, 2.5)), 4), round(float(np.percentile(gains, 97.5)), 4)]
-
-
-def mcnemar_p(base: list[bool], trained: list[bool]) -> float:
-    """Exact two-sided McNemar test: are the images only the trained model gets right more (or fewer)
-    than those only the base gets right, beyond chance? 1.0 when the two never disagree."""
-    from scipy.stats import binomtest
-
-    trained_only = sum(t and not b for b, t in zip(base, trained, strict=True))
-    base_only = sum(b and not t for b, t in zip(base, trained, strict=True))
-    if trained_only + base_only == 0:
-        return 1.0
-    return float(f"{binomtest(trained_only, trained_only + base_only, 0.5).pvalue:.4g}")  # 4 significant digits
 
 
 def gain(base_records: list[dict], trained_records: list[dict], params: EvaluateParams) -> dict:
