@@ -17,7 +17,8 @@ Each seed runs in its own clone (bench/pipeline.py's): `dvc exp run -S profile=c
 train.seed=S [--set ...] evaluate` (generate, base, train, evaluate: export and smoke add nothing to these
 figures), then bench/controls.py in that clone. Every run uses one thread (OMP_NUM_THREADS=1), so a seed's
 figures do not depend on the machine's core count (float sums run in one order) and `--jobs` seeds run side
-by side. The clones share one DVC cache. A seed already done is not run again.
+by side. The clones share one DVC cache. A seed already done is not run again, nor a control it has: run
+the command again with controls to add them to seeds run with --no-controls.
 """
 
 from __future__ import annotations
@@ -47,27 +48,29 @@ def one_thread(repo: Path) -> dict:
 
 def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: tuple[str, ...]) -> None:
     folder = work / f"seed-{seed}"
-    if (folder / "done").exists():
-        click.echo(f"seed {seed}: done before, kept", err=True)
-        return
     repo = prepare_clone(work, seed)
-    click.echo(f"seed {seed}: dvc exp run (warm start, GRPO, evaluate) in {repo}", err=True)
-    overrides = ["profile=cpu", f"base.seed={seed}", f"train.seed={seed}", *settings]
-    command = ["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"]
-    result = subprocess.run(command, cwd=repo, env=one_thread(repo), capture_output=True, text=True)
-    (folder / "exp-run.log").write_text(result.stdout + result.stderr)
-    if result.returncode:
-        raise SystemExit(f"seed {seed}: dvc exp run failed, see {folder / 'exp-run.log'}")
-    if controls:
-        click.echo(f"seed {seed}: the controls ({', '.join(controls)})", err=True)
-        which = [arg for name in controls for arg in ("--control", name)]
-        # the clone's copy, over the clone's vgrpo: the code as it was when the command started
+    if (folder / "done").exists():
+        click.echo(f"seed {seed}: GRPO done before, kept", err=True)
+    else:
+        click.echo(f"seed {seed}: dvc exp run (warm start, GRPO, evaluate) in {repo}", err=True)
+        overrides = ["profile=cpu", f"base.seed={seed}", f"train.seed={seed}", *settings]
+        command = ["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"]
+        result = subprocess.run(command, cwd=repo, env=one_thread(repo), capture_output=True, text=True)
+        (folder / "exp-run.log").write_text(result.stdout + result.stderr)
+        if result.returncode:
+            raise SystemExit(f"seed {seed}: dvc exp run failed, see {folder / 'exp-run.log'}")
+        (folder / "done").write_text("")
+    missing = [name for name in controls if not (repo / "controls" / name / "eval/predictions.jsonl").is_file()]
+    if missing:  # a seed run with --no-controls gets its controls when the command is run again with them
+        click.echo(f"seed {seed}: the controls ({', '.join(missing)})", err=True)
+        which = [arg for name in missing for arg in ("--control", name)]
+        # the clone's copy, over the clone's vgrpo: the code as it was when the seed's clone was made
         command = [sys.executable, str(repo / "bench/controls.py"), "--repo", str(repo), *which]
         result = subprocess.run(command, cwd=repo, env=one_thread(repo), capture_output=True, text=True)
-        (folder / "controls.log").write_text(result.stdout + result.stderr)
+        log = folder / f"controls-{'-'.join(missing)}.log"
+        log.write_text(result.stdout + result.stderr)
         if result.returncode:
-            raise SystemExit(f"seed {seed}: bench/controls.py failed, see {folder / 'controls.log'}")
-    (folder / "done").write_text("")
+            raise SystemExit(f"seed {seed}: bench/controls.py failed, see {log}")
 
 
 def prepare_clone(work: Path, seed: int) -> Path:

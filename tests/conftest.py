@@ -14,9 +14,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-# What a pipeline needs to run: copied (not linked) so tests can edit freely.
-PIPELINE_FILES = ["dvc.yaml", "params.yaml", "conf", "stages", "vgrpo", ".dvc/config", ".dvcignore", ".gitignore",
-                  "data/.gitignore"]
+# What a pipeline needs to run (the benchmarks' clones hold the same files): copied, not linked, so tests
+# can edit freely.
+sys.path.insert(0, str(ROOT / "bench"))
+from pipeline import FILES as PIPELINE_FILES  # noqa: E402  (bench/pipeline.py)
 
 # No hub here: a test that needs one starts tests/hub_server.py and points HF_ENDPOINT at it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

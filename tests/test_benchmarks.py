@@ -43,14 +43,19 @@ def test_cpu_run_picture_without_plots_says_so_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path):
     """`bench/controls.py` on a finished run: RFT (the warm start's verified samples) and full-label SFT, each
-    with GRPO's steps and batch, scored by evaluate's code and paired with GRPO image by image. Then
-    `bench/cpu_seeds.py --report` reads that run as one seed: its reporting path, as on the cpu runs."""
+    with GRPO's steps and batch, scored by evaluate's code and paired with GRPO image by image. The run is
+    a seed `bench/cpu_seeds.py` finished with --no-controls: run again, it adds the controls (the clone's
+    own bench/controls.py) and does not rerun GRPO, then reports that seed as on the cpu runs."""
     import json
 
     from conftest import copy_repo
 
     repo = copy_repo(tiny_pipeline, tmp_path / "seeds" / "seed-0" / "repo")
-    out = run(["python", str(ROOT / "bench/controls.py"), "--repo", str(repo)], ROOT).stdout
+    (repo.parent / "done").touch()  # what bench/cpu_seeds.py leaves once a seed's GRPO run is finished
+    seeds = ["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "seeds"), "--split", "test"]
+    first = run([*seeds, "0"], ROOT)
+    assert "seed 0: GRPO done before, kept" in first.stderr and "the controls (rft, full_label_sft)" in first.stderr
+    out = (repo.parent / "controls-rft-full_label_sft.log").read_text()
     steps = json.loads((repo / "reports/train/metrics.json").read_text())["steps"]
     for name in ("rft", "full_label_sft"):
         summary = json.loads((repo / "controls" / name / "summary.json").read_text())
@@ -62,9 +67,10 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
     full = json.loads((repo / "controls/full_label_sft/summary.json").read_text())
     assert full["steps"] == steps and full["kept"] == steps * 4  # every prompt's full label, as often as GRPO samples
 
-    (repo.parent / "done").touch()  # what bench/cpu_seeds.py leaves once a seed's runs are finished
-    table = run(["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "seeds"), "--report",
-                 "--split", "test"], ROOT).stdout
+    again = run([*seeds, "--control", "rft", "0"], ROOT)
+    assert "the controls" not in again.stderr  # a control a seed has is not trained again
+    table = run([*seeds, "--report"], ROOT).stdout
+    assert table == first.stdout == again.stdout
     evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())["test"]
     assert re.search(r"cpu profile over 1 seeds \(base.seed = train.seed\), data generate.seed \d+, test accuracy "
                      r"on 16 images; one thread per run; CPU: .+ \(.*\d+ cores\)", table), table
