@@ -54,23 +54,24 @@ def run_seed(work: Path, seed: int, settings: tuple[str, ...], controls: tuple[s
     else:
         click.echo(f"seed {seed}: dvc exp run (warm start, GRPO, evaluate) in {repo}", err=True)
         overrides = ["profile=cpu", f"base.seed={seed}", f"train.seed={seed}", *settings]
-        command = ["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"]
-        result = subprocess.run(command, cwd=repo, env=one_thread(repo), capture_output=True, text=True)
-        (folder / "exp-run.log").write_text(result.stdout + result.stderr)
-        if result.returncode:
-            raise SystemExit(f"seed {seed}: dvc exp run failed, see {folder / 'exp-run.log'}")
+        run_logged(["dvc", "exp", "run", *[arg for override in overrides for arg in ("-S", override)], "evaluate"],
+                   repo, folder / "exp-run.log")
         (folder / "done").write_text("")
     missing = [name for name in controls if not (repo / "controls" / name / "eval/predictions.jsonl").is_file()]
     if missing:  # a seed run with --no-controls gets its controls when the command is run again with them
         click.echo(f"seed {seed}: the controls ({', '.join(missing)})", err=True)
         which = [arg for name in missing for arg in ("--control", name)]
         # the clone's copy, over the clone's vgrpo: the code as it was when the seed's clone was made
-        command = [sys.executable, str(repo / "bench/controls.py"), "--repo", str(repo), *which]
-        result = subprocess.run(command, cwd=repo, env=one_thread(repo), capture_output=True, text=True)
-        log = folder / f"controls-{'-'.join(missing)}.log"
-        log.write_text(result.stdout + result.stderr)
-        if result.returncode:
-            raise SystemExit(f"seed {seed}: bench/controls.py failed, see {log}")
+        run_logged([sys.executable, str(repo / "bench/controls.py"), "--repo", str(repo), *which], repo,
+                   folder / f"controls-{'-'.join(missing)}.log")
+
+
+def run_logged(command: list[str], repo: Path, log: Path) -> None:
+    """Run in the clone on one thread, its output into `log`; exit with one line naming the log if it fails."""
+    result = subprocess.run(command, cwd=repo, env=one_thread(repo), capture_output=True, text=True)
+    log.write_text(result.stdout + result.stderr)
+    if result.returncode:
+        raise SystemExit(f"{log.parent.name}: {log.stem} failed, see {log}")
 
 
 def prepare_clone(work: Path, seed: int) -> Path:
@@ -99,6 +100,14 @@ def share_above(rows: list[dict], model: str, highest: int) -> float | None:
     return sum(p is not None and p > highest for p in parsed) / len(parsed) if parsed else None
 
 
+def same_answer(rows: list[dict], other_rows: list[dict]) -> float | None:
+    """The share of images on which two trained models' answers are the same number."""
+    answers = {r["id"]: r["parsed"] for r in rows if r["model"] == "trained"}
+    others = {r["id"]: r["parsed"] for r in other_rows if r["model"] == "trained"}
+    shared = [i for i in answers if i in others]
+    return sum(answers[i] == others[i] for i in shared) / len(shared) if shared else None
+
+
 def seed_figures(folder: Path, split: str, highest: int) -> dict:
     """One seed's figures on `split`, from its clone's reports/ and controls/ (`highest`: generate.max_count)."""
     repo = folder / "repo"
@@ -116,6 +125,7 @@ def seed_figures(folder: Path, split: str, highest: int) -> dict:
     ood = metrics.get("ood", {})
     train = json.loads((repo / "reports/train/metrics.json").read_text())
     return {"runs": runs, "above": above, "images": m["trained"]["samples"],
+            "same_as_rft": same_answer(evaluated, controls["rft"]),
             "pass": {name: m[name].get("pass_at_k") for name in ("base", "base_described", "trained") if name in m},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
             "reasoning": {name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
@@ -211,6 +221,10 @@ def report(work: Path, split: str) -> None:
         if found:  # an answer above the training range must be reachable for OOD accuracy above 0
             click.echo(f"{label}: answers above the training range (> {generate['max_count']}) "
                        f"{statistics.mean(found):.1%} (mean over {len(found)} seeds)")
+    agree = [r["same_as_rft"] for r in rows.values() if r["same_as_rft"] is not None]
+    if agree:  # learning the same thing shows as the same answers, image by image
+        click.echo(f"after GRPO and RFT give the same answer on {statistics.mean(agree):.1%} of the images "
+                   f"(mean over {len(agree)} seeds)")
     spread = [r["zero_spread_groups"] for r in rows.values() if r["zero_spread_groups"] is not None]
     if spread:
         click.echo(f"GRPO's groups without reward spread: mean {statistics.mean(spread):.0%}")

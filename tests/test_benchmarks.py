@@ -88,6 +88,12 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
                if r["split"] == "test" and r["model"] == "trained"]
     above = sum(a is not None and a > highest for a in answers) / len(answers)
     assert f"after GRPO: answers above the training range (> {highest}) {above:.1%} (mean over 1 seeds)" in table, table
+    rft = {r["id"]: r["parsed"] for r in map(json.loads, (repo / "controls/rft/eval/predictions.jsonl").open())
+           if r["split"] == "test"}
+    grpo = {r["id"]: r["parsed"] for r in map(json.loads, (repo / "reports/eval/predictions.jsonl").open())
+            if r["split"] == "test" and r["model"] == "trained"}
+    same = sum(grpo[i] == rft[i] for i in grpo) / len(grpo)
+    assert f"after GRPO and RFT give the same answer on {same:.1%} of the images (mean over 1 seeds)" in table, table
     for label in ("RFT", "full-label SFT"):  # GRPO against each control on its own, with its interval
         assert re.search(rf"GRPO minus {label}: mean [+-][\d.]+ points \[[+-][\d.]+, [+-][\d.]+\], range", table), table
 
