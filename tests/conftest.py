@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Torch's OpenMP threads spin while waiting: with another job on one of the 2 cores, a 2-thread step runs
 # up to 10x slower (measured), and the suite runs stages in subprocesses beside its own process.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# The slow tests write model copies, DVC caches and GGUF files under the temp dir: 8.1 GB at the peak of
+# a full run (Intel Xeon, pytest's tmp_path_retention_policy "failed", pyproject.toml). A full disk fails
+# hundreds of tests with OSError; say so once, before any of them runs.
+SLOW_TESTS_NEED_GIB = float(os.environ.get("VGRPO_TEST_NEED_GIB", "12"))
+
+
+@pytest.hookimpl(trylast=True)  # after -m has deselected
+def pytest_collection_modifyitems(config, items) -> None:
+    if not any(item.get_closest_marker("slow") for item in items):
+        return
+    temp = Path(tempfile.gettempdir())
+    free_gib = shutil.disk_usage(temp).free / 2**30
+    if free_gib < SLOW_TESTS_NEED_GIB:
+        pytest.exit(f"{temp} has {free_gib:.1f} GiB free; the slow tests need {SLOW_TESTS_NEED_GIB:g} GiB "
+                    f"(VGRPO_TEST_NEED_GIB): free space or run the fast tier (-m \"not slow\")", returncode=1)
 
 
 def load_params() -> dict:

@@ -6,6 +6,7 @@ time; the README's test command (and CI) runs everything."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 import subprocess
@@ -58,3 +59,16 @@ def test_the_fast_tier_leaves_out_the_slow_tests_and_touches_every_module():
 def test_slow_is_a_declared_marker():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'markers = \[\s*"slow: ', pyproject)
+
+
+def test_a_full_temp_disk_stops_the_slow_tests_before_they_start(tmp_path):
+    """Asking for more free space than any disk has stands in for a full disk: one line, exit 1, no test run."""
+    env = {**os.environ, "VGRPO_TEST_NEED_GIB": "1e9"}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_smoke.py"]
+    slow = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert slow.returncode == 1, slow.stdout[-2000:]
+    assert "GiB free; the slow tests need 1e+09 GiB (VGRPO_TEST_NEED_GIB)" in slow.stdout
+    assert " passed" not in slow.stdout and " failed" not in slow.stdout
+    fast = subprocess.run([*argv, "-m", "not slow", "--collect-only"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert fast.returncode == 0, fast.stdout[-2000:]
