@@ -144,6 +144,9 @@ def paired_difference(rows: dict[int, dict], rivals: dict[int, str]) -> tuple[li
     for seed, r in rows.items():
         grpo, rival = r["runs"]["grpo"], r["runs"][rivals[seed]]
         ids = [i for i in grpo if i in rival]
+        if not ids:  # a difference over no image is no figure: say which runs do not match
+            raise click.ClickException(f"seed {seed}: GRPO's and {rivals[seed]}'s predictions share no image "
+                                       "(runs of different datasets?)")
         pairs.append(([rival[i] for i in ids], [grpo[i] for i in ids]))
     per_seed = [(sum(trained) - sum(base)) / len(base) for base, trained in pairs]
     return per_seed, mean_paired_bootstrap_ci(pairs, samples=2000, seed=0)
@@ -245,6 +248,8 @@ def report(work: Path, split: str) -> None:
               help="The splits the table is printed for.")
 def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[str, ...], controls: bool,
          control_names: tuple[str, ...], jobs: int, splits: tuple[str, ...]) -> None:
+    if control_names and not controls:
+        raise click.UsageError(f"--control {control_names[0]} names a control and --no-controls runs none: drop one")
     work.mkdir(parents=True, exist_ok=True)
     controls_to_run = (control_names or ("rft", "full_label_sft")) if controls else ()
     if not report_only and seeds:

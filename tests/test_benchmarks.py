@@ -40,6 +40,21 @@ def test_cpu_run_picture_without_plots_says_so_in_one_line(tmp_path):
                                      "(not a finished cpu run?)")
 
 
+def test_cpu_seeds_stops_in_one_line_on_contradicting_options_and_unmatched_runs(tmp_path):
+    """`--no-controls` with `--control` is a usage error before any clone is made; GRPO against a rival that
+    shares no image with it (runs of two datasets) names the seed, not a ZeroDivisionError."""
+    import click
+    from cpu_seeds import paired_difference
+
+    result = run(["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "w"), "--no-controls",
+                  "--control", "rft", "0"], ROOT, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "w").exists()
+    assert "Error: --control rft names a control and --no-controls runs none: drop one" in result.stderr
+    rows = {3: {"runs": {"grpo": {"a": True}, "rft": {"b": False}}}}
+    with pytest.raises(click.ClickException, match=r"seed 3: GRPO's and rft's predictions share no image"):
+        paired_difference(rows, {3: "rft"})
+
+
 @pytest.mark.slow
 def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path):
     """`bench/controls.py` on a finished run: RFT (the warm start's verified samples) and full-label SFT, each
