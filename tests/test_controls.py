@@ -31,6 +31,10 @@ def test_grpo_prompts_are_as_many_as_grpo_draws_in_the_seeds_order():
     other = controls.grpo_prompts(split(7), tiny_config(max_steps=5, per_device_train_batch_size=8,
                                                         num_generations=4, seed=4))
     assert other["index"] != prompts["index"]
+    # dynamic sampling draws twice the groups it trains on, gradient accumulation twice the rows a step
+    drawn = controls.grpo_prompts(split(7), tiny_config(max_steps=5, per_device_train_batch_size=8, num_generations=4,
+                                                        seed=3, prompt_oversampling=2, gradient_accumulation_steps=2))
+    assert len(drawn) == 5 * 8 * 2 * 2 // 4
 
 
 def test_full_labels_repeat_each_prompt_as_grpo_samples_it_with_its_full_label():

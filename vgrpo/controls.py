@@ -1,8 +1,9 @@
 """The controls GRPO is measured against, each trained with GRPO's own budget: the same LoRA on the same
 warm-started base, its optimizer, learning rate (the vision tower's scaled as in GRPO), optimizer steps
-and rows per step (`train.max_steps` x `train.per_device_train_batch_size`), on the prompts GRPO draws
-(`train.max_steps` x prompts per step of the train split, shuffled by `train.seed`). Only the supervision
-differs:
+and rows per optimizer step (`train.per_device_train_batch_size` x `train.gradient_accumulation_steps`), on
+the prompts GRPO draws (`train.max_steps` x prompts per optimizer step x `train.prompt_oversampling` of the
+train split, shuffled by `train.seed`: dynamic sampling draws that many times the groups it trains on).
+Only the supervision differs:
 
 - `rft`: rejection-sampling fine-tuning, GRPO's own supervision. The warm start answers each prompt
   `train.num_generations` times at GRPO's sampling settings (as many answers as GRPO draws), the verifier
@@ -32,10 +33,11 @@ CONTROLS = ("rft", "full_label_sft")
 
 
 def grpo_prompts(train_split, config: Config):
-    """The prompts GRPO draws over its run: max_steps x prompts per step of the train split, in an order
-    shuffled by train.seed (wrapping round when the run is longer than the split)."""
+    """The prompts GRPO draws over its run: max_steps x prompts per optimizer step x prompt_oversampling of
+    the train split, in an order shuffled by train.seed (wrapping round when the run is longer than the split)."""
     t = config.train
-    count = t.max_steps * t.per_device_train_batch_size // t.num_generations
+    rows_drawn = t.max_steps * t.per_device_train_batch_size * t.gradient_accumulation_steps * t.prompt_oversampling
+    count = rows_drawn // t.num_generations
     order = np.random.default_rng(t.seed).permutation(len(train_split))
     return train_split.select([int(order[i % len(order)]) for i in range(count)])
 
@@ -87,6 +89,7 @@ def control_trainer(model, processor, examples, config: Config, output_dir: Path
     t = config.train
     args = SFTConfig(
         output_dir=str(output_dir), max_steps=t.max_steps, per_device_train_batch_size=t.per_device_train_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
         learning_rate=t.learning_rate, lr_scheduler_type=t.lr_scheduler_type, warmup_steps=t.warmup_ratio,
         weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, optim=t.optim,
         max_grad_norm=t.max_grad_norm, seed=t.seed, data_seed=t.seed, max_length=None, completion_only_loss=True,
