@@ -8,7 +8,8 @@ beside GRPO image by image (paired 95% interval, McNemar's p) on every evaluated
     .venv/bin/python bench/controls.py --repo <repo> --control rft          # one of them
 
 Writes <repo>/controls/<name>/: adapter/, eval/ (evaluate's metrics.json and predictions.jsonl) and
-summary.json (the control's data, steps and its comparison with GRPO).
+summary.json (the control's data, steps and its comparison with GRPO). eval/metrics.json has the control's
+pass@k at GRPO's sampling settings where evaluate scored GRPO's (`evaluate.pass_samples`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main(repo: Path, names: tuple[str, ...]) -> None:
         torch.manual_seed(config.train.seed)
         figures = train_control(name, config, base_model_path(repo / "models/base"), train_split,
                                 dataset_colours(data), out / "adapter")
-        evaluate_control(config, data, repo / "models/base", out / "adapter", out / "eval")
+        scores = evaluate_control(config, data, repo / "models/base", out / "adapter", out / "eval")
         summary = {"control": name, **figures, "seconds": round(time.perf_counter() - start, 1),
                    "versus_grpo": compare(repo, out / "eval", config.evaluate.splits, config.evaluate)}
         write_json(out / "summary.json", summary)
@@ -84,6 +85,11 @@ def main(repo: Path, names: tuple[str, ...]) -> None:
             click.echo(f"  {split}: {name} {c['control']:.3f}, GRPO {c['grpo']:.3f}, GRPO minus {name} "
                        f"{c['grpo_minus_control'] * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}], McNemar p "
                        f"{c['mcnemar_p']:.3g} ({c['images']} images)")
+        for split, m in scores.items():
+            if "pass_at_k" in m["trained"]:
+                rates = m["trained"]["pass_at_k"]
+                ks = ", ".join(f"{k} {v:.3f}" for k, v in rates.items() if k.startswith("pass@"))
+                click.echo(f"  {split}: {name} {ks} at GRPO's sampling settings ({rates['images']} images)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """What GRPO adds on the cpu profile, over seeds: per seed and as mean and range, the warm start (greedy, and
-made to describe), pass@k at GRPO's sampling settings (warm start and after GRPO), after GRPO, the two
+made to describe), pass@k at GRPO's sampling settings (warm start, after GRPO, RFT), after GRPO, the two
 controls at GRPO's own budget (rejection-sampling fine-tuning on the warm start's verified samples, and
 full-label SFT: bench/controls.py), GRPO's own share (after GRPO minus the better of the warm start made to
 describe and RFT) with a paired 95% interval per seed and over the seeds, GRPO minus each of the three on
@@ -39,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 from vgrpo.intervals import mean_paired_bootstrap_ci  # noqa: E402
 
 PASS_MODELS = ("base", "base_described", "trained")  # evaluate's pass@k: the warm start, made to describe, GRPO
+PASS_LABELS = {"base": "warm start", "base_described": "warm start made to describe", "trained": "after GRPO",
+               "rft": "RFT control"}
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -123,10 +125,13 @@ def seed_figures(folder: Path, split: str, highest: int) -> dict:
              "grpo": share_above(evaluated, "trained", highest),
              "rft": share_above(controls["rft"], "trained", highest)}
     ood = metrics.get("ood", {})
+    rft_metrics = repo / "controls/rft/eval/metrics.json"  # none where the control was scored before it had pass@k
+    rft_pass = json.loads(rft_metrics.read_text()).get(split, {}).get("trained", {}).get("pass_at_k") \
+        if rft_metrics.is_file() else None
     train = json.loads((repo / "reports/train/metrics.json").read_text())
     return {"runs": runs, "above": above, "images": m["trained"]["samples"],
             "same_as_rft": same_answer(evaluated, controls["rft"]),
-            "pass": {name: m[name].get("pass_at_k") for name in ("base", "base_described", "trained") if name in m},
+            "pass": {**{name: m[name].get("pass_at_k") for name in PASS_MODELS if name in m}, "rft": rft_pass},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
             "reasoning": {name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
                           for name in ("base_described", "trained") if name in m},
@@ -176,14 +181,14 @@ def report(work: Path, split: str) -> None:
     click.echo(f"cpu profile over {len(rows)} seeds (base.seed = train.seed), data generate.seed "
                f"{generate['seed']}, {split} accuracy on {images.pop()} images; one thread per run; CPU: {cpu_name()}")
     click.echo("| seed | warm start, greedy | made to describe | pass@1/4/16 warm start | "
-               "pass@1/4/16 made to describe | pass@1/4/16 after GRPO | after GRPO | RFT | full-label SFT | "
-               "GRPO's own share | OOD after GRPO |")
-    click.echo("|---|---|---|---|---|---|---|---|---|---|---|")
+               "pass@1/4/16 made to describe | pass@1/4/16 after GRPO | pass@1/4/16 RFT | after GRPO | RFT | "
+               "full-label SFT | GRPO's own share | OOD after GRPO |")
+    click.echo("|---|---|---|---|---|---|---|---|---|---|---|---|")
     per_seed, interval = own_share(rows)
     for (seed, r), own in zip(rows.items(), per_seed, strict=True):
         runs = r["runs"]
         passes = ["/".join(f"{v:.2f}" for k, v in (r["pass"].get(name) or {}).items() if k.startswith("pass@")) or "-"
-                  for name in PASS_MODELS]
+                  for name in PASS_LABELS]
         click.echo(f"| {seed} | {share(accuracy(runs['greedy']))} | {share(accuracy(runs['described']))} | "
                    f"{' | '.join(passes)} | {share(accuracy(runs['grpo']))} | {share(accuracy(runs['rft']))} | "
                    f"{share(accuracy(runs['full_label_sft']))} | {own * 100:+.1f} | {share(r['ood'].get('trained'))} |")
@@ -202,7 +207,7 @@ def report(work: Path, split: str) -> None:
             diffs, (low, high) = paired_difference(rows, dict.fromkeys(rows, key))
             click.echo(f"GRPO minus {label}: mean {statistics.mean(diffs) * 100:+.1f} points [{low * 100:+.1f}, "
                        f"{high * 100:+.1f}], range {min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f}")
-    for name, label in zip(PASS_MODELS, ("warm start", "warm start made to describe", "after GRPO"), strict=True):
+    for name, label in PASS_LABELS.items():
         found = [r["pass"][name] for r in rows.values() if r["pass"].get(name)]
         if found:
             ks = [k for k in found[0] if k.startswith("pass@")]

@@ -92,8 +92,14 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
     assert f"after GRPO: mean {evaluation['trained']['accuracy']:.1%}" in table
     assert re.search(r"GRPO's own share \(after GRPO minus the better of made to describe and RFT\): mean "
                      r"[+-][\d.]+ points, paired 95% interval over the seeds' images \[[+-][\d.]+, [+-][\d.]+\]", table)
-    for label in ("warm start", "after GRPO"):  # the tiny profile's base has no brief style to forbid
+    for label in ("warm start", "after GRPO", "RFT control"):  # the tiny profile's base has no brief style to forbid
         assert re.search(rf"pass@k {label}, at GRPO's sampling settings: mean over 1 seeds pass@1 [\d.]+", table), table
+    rft_pass = json.loads((repo / "controls/rft/eval/metrics.json").read_text())["test"]["trained"]["pass_at_k"]
+    assert rft_pass["images"] == 2 and rft_pass["samples_per_image"] == 4  # evaluate.pass_samples, max(pass_k)
+    assert 0 <= rft_pass["pass@1"] <= rft_pass["pass@4"] <= 1
+    assert re.search(r"  test: rft pass@1 [\d.]+, pass@4 [\d.]+ at GRPO.s sampling settings \(2 images\)", out), out
+    assert f"pass@k RFT control, at GRPO's sampling settings: mean over 1 seeds pass@1 {rft_pass['pass@1']:.2f}, " \
+           f"pass@4 {rft_pass['pass@4']:.2f}" in table, table
     trained = evaluation["trained"]
     assert (f"after GRPO: the reasoning states the asked count right on {trained['reasoning_count_accuracy']:.1%}, "
             f"the answer is the reasoning's count on {trained['answer_matches_reasoning']:.1%} "

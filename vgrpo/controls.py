@@ -137,9 +137,10 @@ def train_control(name: str, config: Config, base_path: str, train_split, colour
 
 def evaluate_control(config: Config, data_dir: Path, base_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
     """The control's greedy answers on the images evaluate scores, with evaluate's own prompt, decoding and
-    scoring (`evaluation.score`), written as evaluate writes them (the control as model `trained`):
-    out_dir/predictions.jsonl and metrics.json. The base is not scored again: GRPO's run has it."""
-    from vgrpo.evaluation import load_base_and_adapter, score, summarize, write_predictions
+    scoring (`evaluation.score`), and its pass@k where evaluate samples GRPO's (`evaluate.pass_samples`),
+    written as evaluate writes them (the control as model `trained`): out_dir/predictions.jsonl and
+    metrics.json. The base is not scored again: GRPO's run has it."""
+    from vgrpo.evaluation import load_base_and_adapter, sampled_pass_rates, score, summarize, write_predictions
     from vgrpo.files import write_json
     from vgrpo.generation import generate
     from vgrpo.shapes import load_dataset
@@ -157,6 +158,11 @@ def evaluate_control(config: Config, data_dir: Path, base_dir: Path, adapter_dir
         texts = processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
         records[(split, "trained")] = score(rows, texts, processor.tokenizer)
         metrics[split] = {"trained": summarize(records[(split, "trained")], params)}
+    # RFT learns from right answers only, GRPO also from wrong ones: does either narrow what it can reach?
+    passes = sampled_pass_rates(model, processor, {split: dataset[split] for split in params.splits}, ("trained",),
+                                params, config.train, {})
+    for (split, _), rates in passes.items():
+        metrics[split]["trained"]["pass_at_k"] = rates
     write_predictions(out_dir / "predictions.jsonl", records)
     write_json(out_dir / "metrics.json", metrics)
     return metrics
