@@ -182,7 +182,10 @@ def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Genera
 
 def split_sizes(params: GenerateParams) -> dict[str, int]:
     """Images per split, in the order they are drawn (a split's random stream depends on its place, so
-    adding `warmup` last leaves the other splits' bytes as they were)."""
+    adding `warmup` last leaves the other splits' bytes as they were). A larger split can change the later
+    splits' bytes: an image an earlier split holds is redrawn (`generate_samples`), which moves the later
+    split's random stream on (on the cpu profile, `train_size: 1080` changes val, test and warmup; not OOD,
+    whose counts no earlier split has)."""
     sizes = {split: getattr(params, f"{split}_size") for split in SPLITS}
     return {**sizes, WARMUP: params.warmup_size} if params.warmup_size else sizes
 
