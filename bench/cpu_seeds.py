@@ -110,6 +110,11 @@ def same_answer(rows: list[dict], other_rows: list[dict]) -> float | None:
     return sum(answers[i] == others[i] for i in shared) / len(shared) if shared else None
 
 
+def control_pass_at_k(repo: Path, name: str, split: str) -> dict | None:
+    """A control's pass@k on `split`; None where the control was not run, or was scored before controls had it."""
+    path = repo / "controls" / name / "eval/metrics.json"
+    return json.loads(path.read_text()).get(split, {}).get("trained", {}).get("pass_at_k") if path.is_file() else None
+
 def seed_figures(folder: Path, split: str, highest: int) -> dict:
     """One seed's figures on `split`, from its clone's reports/ and controls/ (`highest`: generate.max_count)."""
     repo = folder / "repo"
@@ -125,13 +130,11 @@ def seed_figures(folder: Path, split: str, highest: int) -> dict:
              "grpo": share_above(evaluated, "trained", highest),
              "rft": share_above(controls["rft"], "trained", highest)}
     ood = metrics.get("ood", {})
-    rft_metrics = repo / "controls/rft/eval/metrics.json"  # none where the control was scored before it had pass@k
-    rft_pass = json.loads(rft_metrics.read_text()).get(split, {}).get("trained", {}).get("pass_at_k") \
-        if rft_metrics.is_file() else None
     train = json.loads((repo / "reports/train/metrics.json").read_text())
     return {"runs": runs, "above": above, "images": m["trained"]["samples"],
             "same_as_rft": same_answer(evaluated, controls["rft"]),
-            "pass": {**{name: m[name].get("pass_at_k") for name in PASS_MODELS if name in m}, "rft": rft_pass},
+            "pass": {**{name: m[name].get("pass_at_k") for name in PASS_MODELS if name in m},
+                     "rft": control_pass_at_k(repo, "rft", split)},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
             "reasoning": {name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
                           for name in ("base_described", "trained") if name in m},

@@ -214,6 +214,16 @@ def test_warmup_split_is_disjoint_and_leaves_the_other_splits_as_they_were():
     assert all(1 <= s.counts[s.target_shape] <= 5 for s in with_warmup["warmup"])
 
 
+def test_a_larger_train_split_redraws_val_and_test_but_not_ood():
+    """No image appears twice across splits: a val or test image that train already holds is redrawn, which
+    moves that split's random stream on, so `train_size` changes their bytes (split_sizes says so; the cpu
+    profile's val, test and warmup changed at 1080). OOD's asked counts are never in train: its bytes stay."""
+    sizes = {"val_size": 256, "test_size": 200, "ood_size": 120}
+    before = shapes.generate_samples(dataclasses.replace(grid(), train_size=600, **sizes))
+    after = shapes.generate_samples(dataclasses.replace(grid(), train_size=1080, **sizes))
+    changed = {split for split in before if [s.image_png for s in before[split]] != [s.image_png for s in after[split]]}
+    assert changed == {"train", "val", "test"}
+
 def test_a_small_grid_with_few_distinct_images_still_fills_every_split():
     """An image of one square has 16 distinct renderings on a 4x4 grid: when they are used up, the other
     shapes' counts are drawn again (the asked shape and its count stay) rather than failing. The cpu
