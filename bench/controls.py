@@ -6,6 +6,7 @@ beside GRPO image by image (paired 95% interval, McNemar's p) on every evaluated
 
     .venv/bin/python bench/controls.py --repo <a repo where `dvc exp run -S profile=cpu` ran>
     .venv/bin/python bench/controls.py --repo <repo> --control rft          # one of them
+    .venv/bin/python bench/controls.py --repo <repo> --score-only           # score the saved adapters again
 
 Writes <repo>/controls/<name>/: adapter/, eval/ (evaluate's metrics.json and predictions.jsonl) and
 summary.json (the control's data, steps and its comparison with GRPO). eval/metrics.json has the control's
@@ -52,7 +53,9 @@ def compare(repo: Path, control_eval: Path, splits: list[str], params) -> dict:
               help="A repo where the pipeline ran through evaluate (params.yaml, data/, models/base, reports/eval).")
 @click.option("--control", "names", multiple=True, type=click.Choice(["rft", "full_label_sft"]),
               help="Which controls (default: both).")
-def main(repo: Path, names: tuple[str, ...]) -> None:
+@click.option("--score-only", is_flag=True,
+              help="Score each control's saved adapter again (after evaluate's scoring changed); no training.")
+def main(repo: Path, names: tuple[str, ...], score_only: bool) -> None:
     import torch
 
     from vgrpo.base import base_model_path
@@ -66,20 +69,28 @@ def main(repo: Path, names: tuple[str, ...]) -> None:
     config = load_config(repo / "params.yaml")
     if not (repo / "reports/eval/predictions.jsonl").is_file():
         raise click.ClickException(f"{repo}: no reports/eval/predictions.jsonl (run the pipeline through evaluate)")
+    untrained = [name for name in names or CONTROLS if not (repo / "controls" / name / "summary.json").is_file()]
+    if score_only and untrained:
+        raise click.ClickException(f"{repo / 'controls' / untrained[0]}: no trained control to score (run without "
+                                   "--score-only first)")
     data = repo / "data/shapes"
     train_split = load_dataset(data, splits=("train",))["train"]
     for name in names or CONTROLS:
         out = repo / "controls" / name
         start = time.perf_counter()
-        torch.manual_seed(config.train.seed)
-        figures = train_control(name, config, base_model_path(repo / "models/base"), train_split,
-                                dataset_colours(data), out / "adapter")
+        if score_only:  # the training's figures and seconds stay; the scores are new
+            summary = json.loads((out / "summary.json").read_text())
+        else:
+            torch.manual_seed(config.train.seed)
+            summary = {"control": name, **train_control(name, config, base_model_path(repo / "models/base"),
+                                                        train_split, dataset_colours(data), out / "adapter")}
         scores = evaluate_control(config, data, repo / "models/base", out / "adapter", out / "eval")
-        summary = {"control": name, **figures, "seconds": round(time.perf_counter() - start, 1),
-                   "versus_grpo": compare(repo, out / "eval", config.evaluate.splits, config.evaluate)}
+        if not score_only:
+            summary["seconds"] = round(time.perf_counter() - start, 1)
+        summary["versus_grpo"] = compare(repo, out / "eval", config.evaluate.splits, config.evaluate)
         write_json(out / "summary.json", summary)
-        click.echo(f"{name}: {figures['kept']} of {figures['sampled'] or figures['kept']} answers kept from "
-                   f"{figures['prompts']} prompts, {figures['steps']} steps ({summary['seconds']} s)")
+        click.echo(f"{name}: {summary['kept']} of {summary['sampled'] or summary['kept']} answers kept from "
+                   f"{summary['prompts']} prompts, {summary['steps']} steps ({summary['seconds']} s)")
         for split, c in summary["versus_grpo"].items():
             low, high = c["ci95"]
             click.echo(f"  {split}: {name} {c['control']:.3f}, GRPO {c['grpo']:.3f}, GRPO minus {name} "

@@ -160,6 +160,38 @@ def paired_difference(rows: dict[int, dict], rivals: dict[int, str]) -> tuple[li
     return per_seed, mean_paired_bootstrap_ci(pairs, samples=2000, seed=0)
 
 
+def per_image_pass_at_k(rates: dict | None, k: int) -> list[float] | None:
+    """Each image's pass@k, from the right answers per image evaluate keeps; None where it kept none (a run
+    scored before it did, or a model not sampled)."""
+    from vgrpo.pass_at_k import pass_at_k
+
+    if not rates or "right_per_image" not in rates:
+        return None
+    return [pass_at_k(rates["samples_per_image"], right, k) for right in rates["right_per_image"]]
+
+
+def pass_at_k_differences(rows: dict[int, dict], rival: str) -> tuple[dict[str, tuple[float, list[float]]], int]:
+    """GRPO's pass@k minus `rival`'s (a PASS_LABELS key), image by image (both sample the same images), over the
+    seeds that kept the right answers per image: {k: (mean over the seeds, paired 95% interval)}, images."""
+    differences, images = {}, 0
+    for k in evaluate_pass_ks(rows):
+        pairs = [(per_image_pass_at_k(r["pass"].get(rival), k), per_image_pass_at_k(r["pass"].get("trained"), k))
+                 for r in rows.values()]
+        pairs = [(other, grpo) for other, grpo in pairs if other is not None and grpo is not None]
+        if pairs:
+            per_seed = [statistics.mean(grpo) - statistics.mean(other) for other, grpo in pairs]
+            interval = mean_paired_bootstrap_ci(pairs, samples=2000, seed=0)
+            differences[f"pass@{k}"] = (statistics.mean(per_seed), interval)
+            images = sum(len(other) for other, _ in pairs)
+    return differences, images
+
+
+def evaluate_pass_ks(rows: dict[int, dict]) -> list[int]:
+    """The k of pass@k that GRPO's evaluation measured (evaluate.pass_k), from the first seed that has it."""
+    found = next((r["pass"]["trained"] for r in rows.values() if r["pass"].get("trained")), {})
+    return [int(key.removeprefix("pass@")) for key in found if key.startswith("pass@")]
+
+
 def better_rival(runs: dict[str, dict[str, bool]]) -> str:
     """The better, on this split, of the warm start made to describe and RFT: what GRPO's own share is over."""
     return max((name for name in ("described", "rft") if runs[name]), key=lambda name: accuracy(runs[name]))
@@ -216,6 +248,11 @@ def report(work: Path, split: str) -> None:
             ks = [k for k in found[0] if k.startswith("pass@")]
             means = ", ".join(f"{k} {statistics.mean(p[k] for p in found):.2f}" for k in ks)
             click.echo(f"pass@k {label}, at GRPO's sampling settings: mean over {len(found)} seeds {means}")
+    for name, label in PASS_LABELS.items():  # a pass@k gap beyond which images were sampled, or not
+        differences, images = pass_at_k_differences(rows, name) if name != "trained" else ({}, 0)
+        if differences:
+            shown = ", ".join(f"{k} {d:+.2f} [{low:+.2f}, {high:+.2f}]" for k, (d, (low, high)) in differences.items())
+            click.echo(f"pass@k after GRPO minus {label}, paired over {images} images: {shown}")
     oods = [r["ood"].get("trained") for r in rows.values() if r["ood"]]
     if oods:
         click.echo(f"OOD (counts above the training range) after GRPO: mean {statistics.mean(oods):.1%}")

@@ -55,6 +55,28 @@ def test_cpu_seeds_stops_in_one_line_on_contradicting_options_and_unmatched_runs
         paired_difference(rows, {3: "rft"})
 
 
+def test_pass_at_k_gaps_are_paired_image_by_image_over_the_seeds_that_kept_right_answers():
+    """GRPO's pass@k minus a rival's, from each image's right answers of n: seed 0 (n 2) and seed 1 (n 2) kept
+    them, seed 2 (scored before evaluate kept them) is left out of the gap, not counted as zero."""
+    from cpu_seeds import pass_at_k_differences
+
+    def rates(right):
+        return {"pass@1": 0.0, "pass@2": 0.0, "images": len(right), "samples_per_image": 2, "right_per_image": right}
+
+    rows = {0: {"pass": {"trained": rates([2, 0]), "rft": rates([1, 0])}},
+            1: {"pass": {"trained": rates([1, 1]), "rft": rates([2, 0])}},
+            2: {"pass": {"trained": {"pass@1": 0.9, "pass@2": 1.0}, "rft": {"pass@1": 0.0, "pass@2": 0.0}}}}
+    gaps, images = pass_at_k_differences(rows, "rft")
+    assert images == 4 and list(gaps) == ["pass@1", "pass@2"]
+    # pass@1 = right / n: seed 0 GRPO 0.5, RFT 0.25; seed 1 GRPO 0.5, RFT 0.5; the mean gap is +0.125
+    assert gaps["pass@1"][0] == pytest.approx(0.125)
+    # pass@2 with n 2: any right answer. Seed 0: GRPO [1, 0], RFT [1, 0]; seed 1: GRPO [1, 1], RFT [1, 0]
+    assert gaps["pass@2"][0] == pytest.approx(0.25)
+    low, high = gaps["pass@2"][1]
+    assert 0 <= low <= 0.25 <= high <= 0.5  # seed 0 never differs; seed 1's one differing image drives it
+    assert pass_at_k_differences(rows, "base") == ({}, 0)  # no warm start sampled: no gap
+
+
 @pytest.mark.slow
 def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path):
     """`bench/controls.py` on a finished run: RFT (the warm start's verified samples) and full-label SFT, each
@@ -68,6 +90,11 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
     repo = copy_repo(tiny_pipeline, tmp_path / "seeds" / "seed-0" / "repo")
     (repo.parent / "done").touch()  # what bench/cpu_seeds.py leaves once a seed's GRPO run is finished
     seeds = ["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "seeds"), "--split", "test"]
+    score_only = ["python", str(ROOT / "bench/controls.py"), "--repo", str(repo), "--control", "rft", "--score-only"]
+    refused = run(score_only, ROOT, check=False)  # nothing trained yet: nothing to score
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == (f"Error: {repo / 'controls/rft'}: no trained control to score (run without "
+                                      "--score-only first)")
     first = run([*seeds, "0"], ROOT)
     assert "seed 0: GRPO done before, kept" in first.stderr and "the controls (rft, full_label_sft)" in first.stderr
     out = (repo.parent / "controls-rft-full_label_sft.log").read_text()
@@ -84,6 +111,15 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
 
     again = run([*seeds, "--control", "rft", "0"], ROOT)
     assert "the controls" not in again.stderr  # a control a seed has is not trained again
+    # scored again from its saved adapter, not trained again: the same scores, the training's figures kept
+    adapter = (repo / "controls/rft/adapter/adapter_model.safetensors").read_bytes()
+    scored, trained_summary = ((repo / "controls/rft" / f).read_text() for f in ("eval/metrics.json", "summary.json"))
+    (repo / "controls/rft/eval/metrics.json").unlink()
+    rescored = run(score_only, ROOT)
+    assert (repo / "controls/rft/adapter/adapter_model.safetensors").read_bytes() == adapter
+    assert (repo / "controls/rft/eval/metrics.json").read_text() == scored
+    assert json.loads((repo / "controls/rft/summary.json").read_text()) == json.loads(trained_summary)
+    assert re.search(r"^rft: \d+ of \d+ answers kept from \d+ prompts", rescored.stdout, re.M), rescored.stdout
     table = run([*seeds, "--report"], ROOT).stdout
     assert table == first.stdout == again.stdout
     evaluation = json.loads((repo / "reports/eval/metrics.json").read_text())["test"]
@@ -100,6 +136,11 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
     assert re.search(r"  test: rft pass@1 [\d.]+, pass@4 [\d.]+ at GRPO.s sampling settings \(2 images\)", out), out
     assert f"pass@k RFT control, at GRPO's sampling settings: mean over 1 seeds pass@1 {rft_pass['pass@1']:.2f}, " \
            f"pass@4 {rft_pass['pass@4']:.2f}" in table, table
+    grpo_pass = evaluation["trained"]["pass_at_k"]  # each image's right answers: the gap is paired image by image
+    assert len(grpo_pass["right_per_image"]) == len(rft_pass["right_per_image"]) == 2
+    gap = re.escape(f"{grpo_pass['pass@1'] - rft_pass['pass@1']:+.2f}")
+    assert re.search(rf"pass@k after GRPO minus RFT control, paired over 2 images: pass@1 {gap} "
+                     r"\[[+-][\d.]+, [+-][\d.]+\], pass@4 [+-][\d.]+ \[", table), table
     trained = evaluation["trained"]
     assert (f"after GRPO: the reasoning states the asked count right on {trained['reasoning_count_accuracy']:.1%}, "
             f"the answer is the reasoning's count on {trained['answer_matches_reasoning']:.1%} "

@@ -15,6 +15,7 @@ from conftest import copy_repo, run, stage, tiny_adapter, tiny_params, write_par
 from vgrpo import attention, evaluation, generation, models, prompts
 from vgrpo.base import base_model_path
 from vgrpo.config import config_from_dict
+from vgrpo.pass_at_k import pass_rates
 from vgrpo.rewards import REWARDS
 
 PER_MODEL = ["samples", "accuracy", "accuracy_ci95", "format_compliance", "description_rate", "unparseable_rate",
@@ -155,6 +156,13 @@ def test_metrics_predictions_plots_and_heatmaps(tiny_pipeline):
         assert {"accuracy", "accuracy_ci95", "mcnemar_p", "only_trained_right", "only_base_right"} <= set(gain)
         assert gain["accuracy_ci95"][0] <= gain["accuracy"] <= gain["accuracy_ci95"][1] and 0 < gain["mcnemar_p"] <= 1
     assert set(metrics["ood"]["base"]["accuracy_by_count"]) <= {"6", "7", "8"}
+    n, images = max(params.pass_k), params.pass_samples["test"]
+    for name in ("base", "trained"):  # pass@k from each sampled image's right answers, which it keeps
+        rates = metrics["test"][name]["pass_at_k"]
+        assert (rates["images"], rates["samples_per_image"], len(rates["right_per_image"])) == (images, n, images)
+        assert all(0 <= right <= n for right in rates["right_per_image"])
+        assert {k: v for k, v in rates.items() if k.startswith("pass@")} == pass_rates(rates["right_per_image"], n,
+                                                                                      params.pass_k)
     assert metrics["speed"]["samples_per_second"] > 0
     assert metrics["decoding"] == {"do_sample": False, "temperature": None, "max_new_tokens": params.max_new_tokens}
 

@@ -1,9 +1,11 @@
 """scripts/gpu_check.sh runs here, on a CPU, in both of its modes, so that it cannot rot before a GPU is
 lent: the tiny model built here, and a hub model served by the local hub stand-in (tests/hub_server.py).
-Every case a CPU can run passes (real train runs in float32, bfloat16 and 4-bit NF4 with the 8B recipe's
-8-bit Adam; evaluate, export and smoke on an adapter of each 16-bit and 4-bit run; for a hub model, `dvc exp
-run` of profile gpu16), each case a CPU cannot run is skipped with its reason, and the JSON summary holds every
-figure. What one mode runs the other leaves out (`--skip`), to keep the suite's time."""
+Every case a CPU can run passes (real train runs in bfloat16 and 4-bit NF4 with the 8B recipe's 8-bit Adam;
+evaluate, export and smoke on the adapter of the bfloat16 run; for a hub model, `dvc exp run` of profile gpu16,
+in 4 bits), each case a CPU cannot run is skipped with its reason, and the JSON summary holds every figure. To
+keep the suite's time, a case that another test runs the same way is left out (`--skip`): what one mode runs
+the other leaves out, and the float32 train and the 4-bit downstream stages are the pipeline's tests' own
+(test_pipeline_e2e.py, test_pipeline_4bit.py)."""
 
 from __future__ import annotations
 
@@ -28,9 +30,14 @@ CPU_CANNOT = {"hf-fp16": "float16 needs CUDA (a CPU runs the bfloat16 case)",
 
 
 # Run by the tiny-model check (the same code, on the tiny profile's knobs) or by dvc-gpu16 (gpu16's knobs through
-# every stage, in 4 bits, with the bfloat16 merge full has too); the hub check keeps the 16-bit and 4-bit
-# trains, whose knobs it composes. dvc-full on a CPU is dvc-gpu16 without 4 bits (four minutes more).
-HUB_LEAVES_OUT = ("hf-float32", "downstream-hf-float32", "downstream-hf-16bit", "downstream-hf-4bit", "dvc-full")
+# every stage, its train the 4-bit case's, with the bfloat16 merge full has too); the hub check keeps the 16-bit
+# train, whose `full` knobs nothing else composes. dvc-full on a CPU is dvc-gpu16 without 4 bits (four minutes
+# more).
+HUB_LEAVES_OUT = ("hf-float32", "hf-4bit", "downstream-hf-float32", "downstream-hf-16bit", "downstream-hf-4bit",
+                  "dvc-full")
+# What the tiny check leaves out: dvc-tiny's `dvc exp run` and the float32 train are the pipeline's tests'
+# (test_pipeline_e2e.py), evaluate/export/smoke on a 4-bit adapter test_pipeline_4bit.py's (a minute each here).
+TINY_LEAVES_OUT = ("hf-float32", "downstream-hf-float32", "downstream-hf-4bit", "dvc-tiny")
 # The stand-in is the tiny model, not the 8B: two completions of a prompt (the recipe's) are often alike, so
 # groups of four; four groups a step, as 40% of its groups of four had no reward spread (and a run whose
 # groups all had none moves nothing: dvc-full once failed so with one group a step); 256 tokens (the floor
@@ -79,11 +86,10 @@ def check_cpu_summary(result, summary: dict, dvc_cases: list[str], left_out: tup
 
 @pytest.mark.slow
 def test_gpu_check_runs_on_a_cpu_with_the_tiny_model(tmp_path):
-    # the pipeline's tests run dvc-tiny's `dvc exp run` and evaluate/export/smoke in float32
-    left_out = ("dvc-tiny", "downstream-hf-float32")
-    result, summary = gpu_check(tmp_path / "check", None, *(arg for case in left_out for arg in ("--skip", case)))
-    cases = check_cpu_summary(result, summary, ["dvc-tiny"], left_out)
-    assert cases["downstream-hf-16bit"]["outcome"] == cases["downstream-hf-4bit"]["outcome"] == "passed"
+    skips = (arg for case in TINY_LEAVES_OUT for arg in ("--skip", case))
+    result, summary = gpu_check(tmp_path / "check", None, *skips)
+    cases = check_cpu_summary(result, summary, ["dvc-tiny"], TINY_LEAVES_OUT)
+    assert cases["hf-4bit"]["outcome"] == cases["downstream-hf-16bit"]["outcome"] == "passed"
     assert summary["model"] == "tiny"
     # the case params are the tiny profile's, with the case's dtype, backend and 4-bit
     params = yaml.safe_load((tmp_path / "check" / "hf-4bit.yaml").read_text())
@@ -112,12 +118,15 @@ def test_gpu_check_runs_on_a_cpu_with_a_hub_model(tiny_base, tmp_path):
     assert (train["base_model"], train["base_revision"]) == (f"Qwen/Qwen3-VL-Tiny-Test@{sha}", sha)
     # the 8B's recipe, not the tiny profile's: its completions, evaluation tokens and bfloat16 merge
     sixteen = yaml.safe_load((tmp_path / "check" / "hf-16bit.yaml").read_text())
-    four = yaml.safe_load((tmp_path / "check" / "hf-4bit.yaml").read_text())
-    assert (sixteen["profile"], four["profile"]) == ("full", "gpu16")
+    four = yaml.safe_load((tmp_path / "check" / "dvc-gpu16" / "params.yaml").read_text())  # as dvc exp run composed it
+    assert (sixteen["profile"], four["profile"], four["train"]["load_in_4bit"]) == ("full", "gpu16", True)
     for params in (sixteen, four):
         assert params["train"]["max_completion_length"] >= 256 and params["evaluate"]["max_new_tokens"] >= 256
         assert params["export"]["merged_dtype"] == "bfloat16" and params["train"]["max_steps"] == 2
         assert params["evaluate"]["pass_samples"] == {"test": 1}  # pass@k runs, on one image: 7 min at 8 here
+    passes = json.loads((tmp_path / "check" / "dvc-gpu16" / "reports/eval/metrics.json").read_text())["test"]
+    for model in ("base", "trained"):  # pass@k ran, on gpu16's k (up to 16)
+        assert (passes[model]["pass_at_k"]["images"], passes[model]["pass_at_k"]["samples_per_image"]) == (1, 16)
 
 
 def load_gpu_check():

@@ -24,9 +24,10 @@ def paired_bootstrap_ci(base: list[bool], trained: list[bool], samples: int, see
     return [round(bound, 4) for bound in mean_paired_bootstrap_ci([(base, trained)], samples, seed)]
 
 
-def mean_paired_bootstrap_ci(pairs: list[tuple[list[bool], list[bool]]], samples: int, seed: int) -> list[float]:
+def mean_paired_bootstrap_ci(pairs: list[tuple[list[float], list[float]]], samples: int, seed: int) -> list[float]:
     """95% percentile bootstrap interval for the mean over `pairs` (one (base, trained) per seed) of
-    accuracy(trained) - accuracy(base): each resample draws every seed's images anew, paired as above.
+    mean(trained) - mean(base), per-image scores (right or not, or a pass@k): each resample draws every seed's
+    images anew, paired as above.
     Not rounded: a report rounds it once (bench/cpu_seeds.py prints tenths of a point)."""
     rng = np.random.default_rng(seed)
     gains, used = np.zeros(samples), 0
