@@ -175,9 +175,15 @@ def pass_at_k_differences(rows: dict[int, dict], rival: str) -> tuple[dict[str, 
     seeds that kept the right answers per image: {k: (mean over the seeds, paired 95% interval)}, images."""
     differences, images = {}, 0
     for k in evaluate_pass_ks(rows):
-        pairs = [(per_image_pass_at_k(r["pass"].get(rival), k), per_image_pass_at_k(r["pass"].get("trained"), k))
-                 for r in rows.values()]
-        pairs = [(other, grpo) for other, grpo in pairs if other is not None and grpo is not None]
+        pairs = []
+        for seed, r in rows.items():
+            other, grpo = per_image_pass_at_k(r["pass"].get(rival), k), per_image_pass_at_k(r["pass"].get("trained"), k)
+            if other is None or grpo is None:
+                continue
+            if len(other) != len(grpo):  # not the same images: no pairing (runs of another evaluate.pass_samples?)
+                raise click.ClickException(f"seed {seed}: GRPO's pass@k is on {len(grpo)} images and {rival}'s on "
+                                           f"{len(other)}: not the same images")
+            pairs.append((other, grpo))
         if pairs:
             per_seed = [statistics.mean(grpo) - statistics.mean(other) for other, grpo in pairs]
             interval = mean_paired_bootstrap_ci(pairs, samples=2000, seed=0)

@@ -58,6 +58,7 @@ def test_cpu_seeds_stops_in_one_line_on_contradicting_options_and_unmatched_runs
 def test_pass_at_k_gaps_are_paired_image_by_image_over_the_seeds_that_kept_right_answers():
     """GRPO's pass@k minus a rival's, from each image's right answers of n: seed 0 (n 2) and seed 1 (n 2) kept
     them, seed 2 (scored before evaluate kept them) is left out of the gap, not counted as zero."""
+    import click
     from cpu_seeds import pass_at_k_differences
 
     def rates(right):
@@ -75,6 +76,9 @@ def test_pass_at_k_gaps_are_paired_image_by_image_over_the_seeds_that_kept_right
     low, high = gaps["pass@2"][1]
     assert 0 <= low <= 0.25 <= high <= 0.5  # seed 0 never differs; seed 1's one differing image drives it
     assert pass_at_k_differences(rows, "base") == ({}, 0)  # no warm start sampled: no gap
+    rows[1]["pass"]["rft"] = rates([2, 0, 1])
+    with pytest.raises(click.ClickException, match=r"seed 1: GRPO's pass@k is on 2 images and rft's on 3"):
+        pass_at_k_differences(rows, "rft")
 
 
 @pytest.mark.slow
