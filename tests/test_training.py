@@ -162,6 +162,44 @@ def test_vision_lora_gets_its_own_learning_rate(lora, tiny_base, tiny_dataset, t
     assert covered == sum(p.requires_grad for p in lora.parameters())
 
 
+def test_positive_advantages_are_weighed_and_negative_ones_kept():
+    import torch
+
+    from vgrpo.training import weigh_positive_advantages
+
+    advantages = torch.tensor([1.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.5, -1.5])
+    assert weigh_positive_advantages(advantages, 0.1).tolist() == pytest.approx(
+        [0.15, -0.5, -0.5, -0.5, 0.0, 0.0, 0.05, -1.5])
+    assert torch.equal(weigh_positive_advantages(advantages, 1.0), advantages)
+
+
+def test_the_trainer_weighs_its_own_rollouts_advantages(tiny_base, tiny_dataset, tmp_path):
+    """`train.positive_advantage_weight` reaches the loss: the same rollouts (same seed), scored by TRL's
+    GRPOTrainer and by ours, differ only where an answer beat its group's mean. A reward of the answer's
+    length gives every group spread, so both signs are there to tell apart."""
+    import torch
+    from trl import GRPOTrainer
+
+    from vgrpo.shapes import load_dataset
+    from vgrpo.training import build_trainer
+
+    def length_reward(completions, **kwargs):
+        return [float(len(str(c))) for c in completions]
+
+    config = tiny_config(positive_advantage_weight=0.25)
+    lora, processor = lora_model(tiny_base, config)  # its own: a trainer with beta > 0 adds a `ref` adapter
+    trainer = build_trainer(config, lora, processor, load_dataset(tiny_dataset, ("train",))["train"],
+                            [length_reward], [1.0], tmp_path / "ckpt")
+    inputs = next(iter(trainer.get_train_dataloader()))
+    lora.train()
+    torch.manual_seed(0)
+    plain = GRPOTrainer._generate_and_score_completions(trainer, inputs)["advantages"]
+    torch.manual_seed(0)
+    weighed = trainer._generate_and_score_completions(inputs)["advantages"]
+    assert (plain > 0).any() and (plain < 0).any()
+    assert torch.allclose(weighed, torch.where(plain > 0, plain * 0.25, plain))
+
+
 def test_vision_lr_scale_zero_freezes_the_vision_lora(tiny_base):
     model, _ = lora_model(tiny_base, tiny_config(vision_lr_scale=0.0))
     assert models.trainable_summary(model)["vision"] == 0

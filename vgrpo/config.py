@@ -163,6 +163,8 @@ class TrainParams:
     beta: float = knob(ge=0)  # KL coefficient
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"]
     scale_rewards: Literal["group", "batch", "none"]  # divide advantages by the reward std of the group/batch, or not
+    positive_advantage_weight: float = knob(ge=0, le=1)  # advantages above 0 times this (W-REINFORCE, arXiv
+                                                        # 2506.01347: wrong answers pushed down harder); 1: off
     importance_sampling_level: Literal["token", "sequence"]
     num_train_epochs: float = knob(gt=0)
     max_steps: int = knob(ge=-1)  # -1: use num_train_epochs

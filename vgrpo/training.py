@@ -108,28 +108,42 @@ def scaled_optimizer(trainer: Trainer, vision_lr_scale: float):
 
 class VisionScaledGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose optimizer gives the vision tower's LoRA its own learning rate, whose LoRA weights
-    stay in float32 on a 4-bit base, and which, with `groups_per_step`, trains each step on that many of the
-    groups it sampled, those with reward spread first (dynamic sampling)."""
+    stay in float32 on a 4-bit base, which, with `groups_per_step`, trains each step on that many of the
+    groups it sampled, those with reward spread first (dynamic sampling), and which weighs positive
+    advantages by `positive_advantage_weight`."""
 
-    def __init__(self, *args, vision_lr_scale: float = 1.0, groups_per_step: int | None = None, **kwargs):
+    def __init__(self, *args, vision_lr_scale: float = 1.0, groups_per_step: int | None = None,
+                 positive_advantage_weight: float = 1.0, **kwargs):
         self.vision_lr_scale = vision_lr_scale
         self.groups_per_step = groups_per_step
+        self.positive_advantage_weight = positive_advantage_weight
         super().__init__(*args, **kwargs)
         if models.is_quantized(self.model):  # undo TRL's bfloat16 cast of the LoRA weights (models.py says why)
             models.keep_trainable_in_float32(self.model)
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
-        if self.groups_per_step is None or not self.model.training:
+        if not self.model.training:
             return batch
-        batch, kept_without_spread = keep_groups_with_spread(batch, self.num_generations, self.groups_per_step)
-        self._metrics["train"]["frac_kept_reward_zero_std"].append(kept_without_spread)
+        if self.groups_per_step is not None:
+            batch, kept_without_spread = keep_groups_with_spread(batch, self.num_generations, self.groups_per_step)
+            self._metrics["train"]["frac_kept_reward_zero_std"].append(kept_without_spread)
+        if self.positive_advantage_weight != 1.0:
+            batch["advantages"] = weigh_positive_advantages(batch["advantages"], self.positive_advantage_weight)
         return batch
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
             self.optimizer = scaled_optimizer(self, self.vision_lr_scale)
         return self.optimizer
+
+
+def weigh_positive_advantages(advantages: torch.Tensor, weight: float) -> torch.Tensor:
+    """W-REINFORCE's weighting (Zhu et al., arXiv 2506.01347), on GRPO's group-relative advantages: an answer
+    better than its group's mean is pulled up `weight` times as hard, one worse is pushed down as hard as
+    before. Positive-only learning (as RFT does) narrows what the model samples; pushing wrong answers down
+    moves their mass to the answers the model already finds plausible, and keeps pass@k."""
+    return torch.where(advantages > 0, advantages * weight, advantages)
 
 
 def keep_groups_with_spread(batch: dict, group_size: int, groups: int) -> tuple[dict, float]:
@@ -233,6 +247,7 @@ def build_trainer(config: Config, model, processor, train_dataset, reward_funcs,
         vision_lr_scale=config.train.vision_lr_scale,
         groups_per_step=(config.train.per_device_train_batch_size // config.train.num_generations
                          if config.train.prompt_oversampling > 1 else None),
+        positive_advantage_weight=config.train.positive_advantage_weight,
     )
 
 
