@@ -37,10 +37,12 @@ from pipeline import ROOT, cpu_name, environment, make_clone, sh  # bench/pipeli
 
 sys.path.insert(0, str(ROOT))
 from vgrpo.intervals import mean_paired_bootstrap_ci  # noqa: E402
+from vgrpo.pass_at_k import pass_at_k  # noqa: E402
 
 PASS_MODELS = ("base", "base_described", "trained")  # evaluate's pass@k: the warm start, made to describe, GRPO
 PASS_LABELS = {"base": "warm start", "base_described": "warm start made to describe", "trained": "after GRPO",
                "rft": "RFT control"}
+PASS_RIVALS = ("base", "base_described", "rft")  # whose pass@k GRPO's is set beside, image by image
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -160,36 +162,36 @@ def paired_difference(rows: dict[int, dict], rivals: dict[int, str]) -> tuple[li
     return per_seed, mean_paired_bootstrap_ci(pairs, samples=2000, seed=0)
 
 
-def per_image_pass_at_k(rates: dict | None, k: int) -> list[float] | None:
-    """Each image's pass@k, from the right answers per image evaluate keeps; None where it kept none (a run
-    scored before it did, or a model not sampled)."""
-    from vgrpo.pass_at_k import pass_at_k
-
-    if not rates or "right_per_image" not in rates:
-        return None
+def per_image_pass_at_k(rates: dict, k: int) -> list[float]:
+    """Each image's pass@k, from the right answers per image evaluate keeps."""
     return [pass_at_k(rates["samples_per_image"], right, k) for right in rates["right_per_image"]]
+
+
+def paired_pass_rates(rows: dict[int, dict], rival: str) -> list[tuple[dict, dict]]:
+    """(rival's, GRPO's) pass@k figures of each seed where both kept their right answers per image (runs scored
+    before evaluate kept them, or a model not sampled, are left out), checked to be on the same images."""
+    pairs = []
+    for seed, r in rows.items():
+        other, grpo = r["pass"].get(rival) or {}, r["pass"].get("trained") or {}
+        if "right_per_image" not in other or "right_per_image" not in grpo:
+            continue
+        if len(other["right_per_image"]) != len(grpo["right_per_image"]):  # another evaluate.pass_samples?
+            raise click.ClickException(f"seed {seed}: GRPO's pass@k is on {len(grpo['right_per_image'])} images and "
+                                       f"{rival}'s on {len(other['right_per_image'])}: not the same images")
+        pairs.append((other, grpo))
+    return pairs
 
 
 def pass_at_k_differences(rows: dict[int, dict], rival: str) -> tuple[dict[str, tuple[float, list[float]]], int]:
     """GRPO's pass@k minus `rival`'s (a PASS_LABELS key), image by image (both sample the same images), over the
     seeds that kept the right answers per image: {k: (mean over the seeds, paired 95% interval)}, images."""
-    differences, images = {}, 0
-    for k in evaluate_pass_ks(rows):
-        pairs = []
-        for seed, r in rows.items():
-            other, grpo = per_image_pass_at_k(r["pass"].get(rival), k), per_image_pass_at_k(r["pass"].get("trained"), k)
-            if other is None or grpo is None:
-                continue
-            if len(other) != len(grpo):  # not the same images: no pairing (runs of another evaluate.pass_samples?)
-                raise click.ClickException(f"seed {seed}: GRPO's pass@k is on {len(grpo)} images and {rival}'s on "
-                                           f"{len(other)}: not the same images")
-            pairs.append((other, grpo))
-        if pairs:
-            per_seed = [statistics.mean(grpo) - statistics.mean(other) for other, grpo in pairs]
-            interval = mean_paired_bootstrap_ci(pairs, samples=2000, seed=0)
-            differences[f"pass@{k}"] = (statistics.mean(per_seed), interval)
-            images = sum(len(other) for other, _ in pairs)
-    return differences, images
+    paired = paired_pass_rates(rows, rival)
+    differences = {}
+    for k in evaluate_pass_ks(rows) if paired else []:
+        pairs = [(per_image_pass_at_k(other, k), per_image_pass_at_k(grpo, k)) for other, grpo in paired]
+        per_seed = [statistics.mean(grpo) - statistics.mean(other) for other, grpo in pairs]
+        differences[f"pass@{k}"] = (statistics.mean(per_seed), mean_paired_bootstrap_ci(pairs, samples=2000, seed=0))
+    return differences, sum(len(other["right_per_image"]) for other, _ in paired)
 
 
 def evaluate_pass_ks(rows: dict[int, dict]) -> list[int]:
@@ -254,8 +256,9 @@ def report(work: Path, split: str) -> None:
             ks = [k for k in found[0] if k.startswith("pass@")]
             means = ", ".join(f"{k} {statistics.mean(p[k] for p in found):.2f}" for k in ks)
             click.echo(f"pass@k {label}, at GRPO's sampling settings: mean over {len(found)} seeds {means}")
-    for name, label in PASS_LABELS.items():  # a pass@k gap beyond which images were sampled, or not
-        differences, images = pass_at_k_differences(rows, name) if name != "trained" else ({}, 0)
+    for name in PASS_RIVALS:  # a pass@k gap beyond which images were sampled, or not
+        differences, images = pass_at_k_differences(rows, name)
+        label = PASS_LABELS[name]
         if differences:
             shown = ", ".join(f"{k} {d:+.2f} [{low:+.2f}, {high:+.2f}]" for k, (d, (low, high)) in differences.items())
             click.echo(f"pass@k after GRPO minus {label}, paired over {images} images: {shown}")

@@ -30,3 +30,16 @@ def test_more_k_than_samples_is_an_error_that_names_both():
 def test_pass_rates_average_over_images_for_each_k():
     assert pass_rates([4, 0, 2], 4, [1, 4]) == {"pass@1": 0.5, "pass@4": round(2 / 3, 4)}
     assert pass_rates([], 4, [1, 4]) == {}
+
+
+def test_the_estimate_loads_without_torch():
+    """bench/cpu_seeds.py's report computes each image's pass@k from saved counts: it loads no model, so the
+    estimate's module must not pull in torch (a few seconds per report)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = "import sys, vgrpo.pass_at_k; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]

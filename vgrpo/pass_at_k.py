@@ -13,12 +13,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 from math import comb
 
-import torch
-
-from vgrpo.generation import generate
-from vgrpo.prompts import parse_answer
-from vgrpo.sampling import inverse_cdf_sampling
-
 
 def pass_at_k(n: int, right: int, k: int) -> float:
     """The chance that at least one of k answers drawn without replacement from n (`right` of them right)
@@ -28,14 +22,20 @@ def pass_at_k(n: int, right: int, k: int) -> float:
     return 1.0 - comb(n - right, k) / comb(n, k)
 
 
-@torch.no_grad()
 def right_answers(model, processor, rows, n: int, max_new_tokens: int, temperature: float, top_p: float,
                   top_k: int, batch_size: int, bad_words_ids=None) -> list[int]:
     """For each row, how many of n sampled answers are right. A batch holds copies of one or more rows."""
+    # imported here: the estimate above serves reports (bench/cpu_seeds.py) that load no model
+    import torch
+
+    from vgrpo.generation import generate
+    from vgrpo.prompts import parse_answer
+    from vgrpo.sampling import inverse_cdf_sampling
+
     copies = [row for row in rows for _ in range(n)]
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}  # top_k 0: no cut, as in TRL
     texts = []
-    with nullcontext() if torch.cuda.is_available() else inverse_cdf_sampling():
+    with torch.no_grad(), nullcontext() if torch.cuda.is_available() else inverse_cdf_sampling():
         for begin in range(0, len(copies), batch_size):
             batch = copies[begin:begin + batch_size]
             ids = generate(model, processor, batch, max_new_tokens, do_sample=True, bad_words_ids=bad_words_ids,
