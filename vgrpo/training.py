@@ -141,8 +141,8 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
 def weigh_positive_advantages(advantages: torch.Tensor, weight: float) -> torch.Tensor:
     """W-REINFORCE's weighting (Zhu et al., arXiv 2506.01347), on GRPO's group-relative advantages: an answer
     better than its group's mean is pulled up `weight` times as hard, one worse is pushed down as hard as
-    before. Positive-only learning (as RFT does) narrows what the model samples; pushing wrong answers down
-    moves their mass to the answers the model already finds plausible, and keeps pass@k."""
+    before. The paper finds that pulling right answers up narrows what a model samples and pushing wrong ones
+    down keeps pass@k (on the cpu profile at 0.1 it did not: docs/cpu-research.md)."""
     return torch.where(advantages > 0, advantages * weight, advantages)
 
 
