@@ -200,6 +200,37 @@ def test_the_trainer_weighs_its_own_rollouts_advantages(tiny_base, tiny_dataset,
     assert torch.allclose(weighed, torch.where(plain > 0, plain * 0.25, plain))
 
 
+def test_the_advantage_weight_changes_what_one_step_learns(tiny_base, tiny_dataset, tmp_path):
+    """The knob's effect, not only its tensor: one real step from the same start and seed leaves the same
+    adapters twice at weight 1 (so a difference is the knob's, not noise) and other adapters at 0.25."""
+    import torch
+
+    from vgrpo.sampling import inverse_cdf_sampling
+    from vgrpo.shapes import load_dataset
+    from vgrpo.training import build_trainer
+
+    def length_reward(completions, **kwargs):  # every group has spread: both signs of advantage
+        return [float(len(str(c))) for c in completions]
+
+    rows = load_dataset(tiny_dataset, ("train",))["train"]
+
+    def adapters_after_one_step(weight: float, run: str) -> dict:
+        config = tiny_config(positive_advantage_weight=weight, max_steps=1, save_steps=10, eval_steps=0)
+        model, processor = lora_model(tiny_base, config)
+        start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        trainer = build_trainer(config, model, processor, rows, [length_reward], [1.0], tmp_path / run)
+        with inverse_cdf_sampling():
+            trainer.train()
+        after = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        assert any(not torch.equal(start[n], after[n]) for n in start), f"weight {weight}: the step moved nothing"
+        return after
+
+    full, full_again, weighed = (adapters_after_one_step(1.0, "a"), adapters_after_one_step(1.0, "b"),
+                                 adapters_after_one_step(0.25, "c"))
+    assert all(torch.equal(full[n], full_again[n]) for n in full)
+    assert any(not torch.equal(full[n], weighed[n]) for n in full)
+
+
 def test_vision_lr_scale_zero_freezes_the_vision_lora(tiny_base):
     model, _ = lora_model(tiny_base, tiny_config(vision_lr_scale=0.0))
     assert models.trainable_summary(model)["vision"] == 0
