@@ -173,18 +173,24 @@ def test_positive_advantages_are_weighed_and_negative_ones_kept():
     assert torch.equal(weigh_positive_advantages(advantages, 1.0), advantages)
 
 
+def length_reward(completions, **kwargs) -> list[float]:
+    """The answer's length: every group has reward spread, so advantages of both signs."""
+    return [float(len(str(c))) for c in completions]
+
+
+def trainable_weights(model) -> dict:
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
 def test_the_trainer_weighs_its_own_rollouts_advantages(tiny_base, tiny_dataset, tmp_path):
     """`train.positive_advantage_weight` reaches the loss: the same rollouts (same seed), scored by TRL's
-    GRPOTrainer and by ours, differ only where an answer beat its group's mean. A reward of the answer's
-    length gives every group spread, so both signs are there to tell apart."""
+    GRPOTrainer and by ours, differ only where an answer beat its group's mean (`length_reward` gives both
+    signs to tell apart)."""
     import torch
     from trl import GRPOTrainer
 
     from vgrpo.shapes import load_dataset
     from vgrpo.training import build_trainer
-
-    def length_reward(completions, **kwargs):
-        return [float(len(str(c))) for c in completions]
 
     config = tiny_config(positive_advantage_weight=0.25)
     lora, processor = lora_model(tiny_base, config)  # its own: a trainer with beta > 0 adds a `ref` adapter
@@ -209,19 +215,16 @@ def test_the_advantage_weight_changes_what_one_step_learns(tiny_base, tiny_datas
     from vgrpo.shapes import load_dataset
     from vgrpo.training import build_trainer
 
-    def length_reward(completions, **kwargs):  # every group has spread: both signs of advantage
-        return [float(len(str(c))) for c in completions]
-
     rows = load_dataset(tiny_dataset, ("train",))["train"]
 
     def adapters_after_one_step(weight: float, run: str) -> dict:
         config = tiny_config(positive_advantage_weight=weight, max_steps=1, save_steps=10, eval_steps=0)
         model, processor = lora_model(tiny_base, config)
-        start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        start = trainable_weights(model)
         trainer = build_trainer(config, model, processor, rows, [length_reward], [1.0], tmp_path / run)
         with inverse_cdf_sampling():
             trainer.train()
-        after = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        after = trainable_weights(model)
         assert any(not torch.equal(start[n], after[n]) for n in start), f"weight {weight}: the step moved nothing"
         return after
 
