@@ -214,3 +214,11 @@ def test_the_data_line_is_right_for_every_profile(profile, expected):
     data = profile_params(profile)["generate"]
     size = f"{data['image_size']}x{data['image_size']}"
     assert card.data_line(data, size, f"train {data['train_size']}") == expected
+
+
+def test_the_data_line_says_when_the_warm_start_saw_the_ood_counts():
+    """With `generate.warmup_max_count` above the training range, OOD is above GRPO's range only: the card
+    must not call it above the training range."""
+    data = {**profile_params("cpu")["generate"], "warmup_max_count": 8}
+    line = card.data_line(data, "128x128", "train 600")
+    assert line.endswith("6..8 of the asked shape in `ood` (above GRPO's training range, within the warm start's 1..8)")

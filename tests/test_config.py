@@ -92,6 +92,11 @@ BAD_INPUTS = [
      "params.yaml: train.positive_advantage_weight: expected a number >= 0 and <= 1, got 1.5"),
     ("positive advantages weighed below 0", lambda r: set_key(r, "train.positive_advantage_weight", -0.1),
      "params.yaml: train.positive_advantage_weight: expected a number >= 0 and <= 1, got -0.1"),
+    ("a warm-up range below the training range", lambda r: set_key(r, "generate.warmup_max_count", 4),
+     "params.yaml: generate.warmup_max_count: must be >= generate.max_count (4 < 5): the warm-up split covers the "
+     "training range"),
+    ("no warm-up count", lambda r: set_key(r, "generate.warmup_max_count", 0),
+     "params.yaml: generate.warmup_max_count: expected an integer >= 1, got 0"),
     ("no guess", lambda r: set_key(r, "base.brief_guess_max", 0),
      "params.yaml: base.brief_guess_max: expected an integer >= 1, got 0"),
     ("a guess max without guessed brief answers", lambda r: set_key(r, "base.brief_guess_max", 8),

@@ -191,6 +191,8 @@ def test_other_shapes_have_their_own_count_range():
     ({"image_size": 120}, "generate.image_size: layout grid needs a multiple of 32 px"),
     ({"max_shape_size": 30}, "generate.max_shape_size: layout grid puts each shape in a 32 px cell"),
     ({"other_max_count": 5}, "generate.other_max_count: layout grid has 16 cells at 128 px, but an image may need 18"),
+    ({"warmup_max_count": 17, "other_min_count": 0},
+     "generate.other_min_count: layout grid has 16 cells at 128 px, but a warm-up image needs at least 17"),
 ])
 def test_grid_limits_are_params_errors(changes, message):
     from vgrpo.config import ConfigError
@@ -212,6 +214,22 @@ def test_warmup_split_is_disjoint_and_leaves_the_other_splits_as_they_were():
     others = {s.image_png for split in without for s in with_warmup[split]}
     assert not others & {s.image_png for s in with_warmup["warmup"]}
     assert all(1 <= s.counts[s.target_shape] <= 5 for s in with_warmup["warmup"])
+
+
+def test_warmup_max_count_puts_counts_above_the_training_range_in_the_warmup_split_only():
+    """`generate.warmup_max_count: 8` (the warm start sees the asked shape up to 8 times, as a pretrained
+    model has): every count 1-8 in the warm-up split, no other split's bytes changed, and no warm-up image is
+    an OOD one."""
+    without = shapes.generate_samples(grid(warmup_size=48))
+    wider = shapes.generate_samples(grid(warmup_size=48, warmup_max_count=8))
+    for split in ("train", "val", "test", "ood"):
+        assert [s.image_png for s in without[split]] == [s.image_png for s in wider[split]]
+    asked = Counter(s.counts[s.target_shape] for s in wider["warmup"])
+    assert set(asked) == set(range(1, 9)) and min(asked.values()) >= 48 // 8 - 1  # balanced over 1-8
+    assert max(s.counts[s.target_shape] for s in without["warmup"]) == 5
+    assert not {s.image_png for s in wider["ood"]} & {s.image_png for s in wider["warmup"]}
+    for s in wider["warmup"]:
+        assert shapes.count_shapes(decode(s), grid()) == s.counts
 
 
 def test_a_larger_train_split_redraws_val_and_test_but_not_ood():

@@ -104,10 +104,13 @@ def smoke_table(smoke: dict) -> str:
 def data_line(data: dict, size: str, splits: str) -> str:
     """The data as generated, for any profile's generate params."""
     grid = " one shape per 32 px cell," if data.get("layout") == "grid" else ""
+    ood_range = "above the training range"
+    if (data.get("warmup_max_count") or 0) > data["max_count"]:  # the warm start was taught those counts
+        ood_range = f"above GRPO's training range, within the warm start's {data['min_count']}..{data['warmup_max_count']}"
     return (f"synthetic {size} px images,{grid} shapes never overlap, every label re-counted by an independent "
             f"counter; splits {splits}; {data['min_count']}..{data['max_count']} of the asked shape and "
             f"{data['other_min_count']}..{data['other_max_count']} of each other shape, "
-            f"{data['ood_min_count']}..{data['ood_max_count']} of the asked shape in `ood` (above the training range)")
+            f"{data['ood_min_count']}..{data['ood_max_count']} of the asked shape in `ood` ({ood_range})")
 
 
 def what_grpo_did(source: dict, evaluation: dict) -> str:

@@ -96,6 +96,10 @@ class GenerateParams:
     # the other shapes in the `warmup` split: up to this many (null: other_max_count), so that the warm start
     # describes counts above the asked range (6-8) that its answers never give
     warmup_other_max_count: int | None = knob(ge=0)
+    # the asked shape in the `warmup` split: up to this many (null: max_count), so that the warm start has seen
+    # counts above GRPO's training range (6-8), as a pretrained model has, and OOD asks whether post-training
+    # on 1-5 keeps them
+    warmup_max_count: int | None = knob(ge=1)
     ood_min_count: int = knob(ge=1)  # the asked shape in `ood`
     ood_max_count: int = knob(ge=1)
     min_shape_size: int = knob(ge=6)  # bounding-box side in pixels
@@ -413,6 +417,9 @@ def _check_relations(config: Config, source: str) -> None:
     if g.warmup_other_max_count is not None and g.warmup_other_max_count < g.other_min_count:
         fail("generate.warmup_other_max_count", f"must be >= generate.other_min_count ({g.warmup_other_max_count} < "
              f"{g.other_min_count})")
+    if g.warmup_max_count is not None and g.warmup_max_count < g.max_count:
+        fail("generate.warmup_max_count", f"must be >= generate.max_count ({g.warmup_max_count} < {g.max_count}): "
+             "the warm-up split covers the training range")
     if g.layout == "grid":
         cells = (g.image_size // GRID_CELL) ** 2
         if g.image_size % GRID_CELL:
@@ -425,9 +432,10 @@ def _check_relations(config: Config, source: str) -> None:
         if most > cells:
             fail("generate.other_max_count", f"layout grid has {cells} cells at {g.image_size} px, but an image may "
                  f"need {most} (asked up to {max(g.max_count, g.ood_max_count)} + 2 x {g.other_max_count})")
-        if g.max_count + 2 * g.other_min_count > cells:  # warm-up images whose others do not fit are drawn again
+        warmup_most = max(g.max_count, g.warmup_max_count or 0)
+        if warmup_most + 2 * g.other_min_count > cells:  # warm-up images whose others do not fit are drawn again
             fail("generate.other_min_count", f"layout grid has {cells} cells at {g.image_size} px, but a warm-up image "
-                 f"needs at least {g.max_count + 2 * g.other_min_count}")
+                 f"needs at least {warmup_most + 2 * g.other_min_count}")
     colours = dataclasses.asdict(g.colours)
     if len(set(colours.values())) < len(colours):
         fail("generate.colours", f"each shape needs its own colour, got {colours} (the label check counts "

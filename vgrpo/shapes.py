@@ -169,6 +169,8 @@ def split_plan(split: str, n: int, params: GenerateParams, rng: np.random.Genera
     (shuffled each cycle), so questions are balanced across shapes and counts."""
     if split == "ood":
         asked_counts = range(params.ood_min_count, params.ood_max_count + 1)
+    elif split == WARMUP and params.warmup_max_count is not None:
+        asked_counts = range(params.min_count, params.warmup_max_count + 1)
     else:
         asked_counts = range(params.min_count, params.max_count + 1)
     combos = [(shape, count) for shape in SHAPES for count in asked_counts]
