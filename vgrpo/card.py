@@ -106,7 +106,8 @@ def data_line(data: dict, size: str, splits: str) -> str:
     grid = " one shape per 32 px cell," if data.get("layout") == "grid" else ""
     ood_range = "above the training range"
     if (data.get("warmup_max_count") or 0) > data["max_count"]:  # the warm start was taught those counts
-        ood_range = f"above GRPO's training range, within the warm start's {data['min_count']}..{data['warmup_max_count']}"
+        ood_range = (f"above GRPO's training range, within the warm start's "
+                     f"{data['min_count']}..{data['warmup_max_count']}")
     return (f"synthetic {size} px images,{grid} shapes never overlap, every label re-counted by an independent "
             f"counter; splits {splits}; {data['min_count']}..{data['max_count']} of the asked shape and "
             f"{data['other_min_count']}..{data['other_max_count']} of each other shape, "
