@@ -117,6 +117,16 @@ def control_pass_at_k(repo: Path, name: str, split: str) -> dict | None:
     path = repo / "controls" / name / "eval/metrics.json"
     return json.loads(path.read_text()).get(split, {}).get("trained", {}).get("pass_at_k") if path.is_file() else None
 
+def control_reasoning(repo: Path, name: str, split: str) -> dict:
+    """A control's (reasoning states the asked count right, answer is the reasoning's count) on `split`, keyed
+    by the control's name; empty where the control was not run."""
+    path = repo / "controls" / name / "eval/metrics.json"
+    trained = json.loads(path.read_text()).get(split, {}).get("trained", {}) if path.is_file() else {}
+    if "reasoning_count_accuracy" not in trained:
+        return {}
+    return {name: (trained["reasoning_count_accuracy"], trained["answer_matches_reasoning"])}
+
+
 def seed_figures(folder: Path, split: str, highest: int) -> dict:
     """One seed's figures on `split`, from its clone's reports/ and controls/ (`highest`: generate.max_count)."""
     repo = folder / "repo"
@@ -138,8 +148,9 @@ def seed_figures(folder: Path, split: str, highest: int) -> dict:
             "pass": {**{name: m[name].get("pass_at_k") for name in PASS_MODELS if name in m},
                      "rft": control_pass_at_k(repo, "rft", split)},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
-            "reasoning": {name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
-                          for name in ("base_described", "trained") if name in m},
+            "reasoning": {**{name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
+                             for name in ("base_described", "trained") if name in m},
+                          **control_reasoning(repo, "rft", split)},
             "zero_spread_groups": train.get("zero_spread_groups"), "grpo_minutes": train["seconds"] / 60}
 
 
@@ -265,7 +276,7 @@ def report(work: Path, split: str) -> None:
     oods = [r["ood"].get("trained") for r in rows.values() if r["ood"]]
     if oods:
         click.echo(f"OOD (counts above the training range) after GRPO: mean {statistics.mean(oods):.1%}")
-    for name, label in (("base_described", "made to describe"), ("trained", "after GRPO")):
+    for name, label in (("base_described", "made to describe"), ("trained", "after GRPO"), ("rft", "RFT")):
         # where an answer goes wrong: the reasoning's count of the asked shape, or copying it into the answer
         found = [r["reasoning"][name] for r in rows.values() if name in r["reasoning"]]
         if found:

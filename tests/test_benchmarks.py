@@ -149,6 +149,10 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
     assert (f"after GRPO: the reasoning states the asked count right on {trained['reasoning_count_accuracy']:.1%}, "
             f"the answer is the reasoning's count on {trained['answer_matches_reasoning']:.1%} "
             "(mean over 1 seeds)") in table, table
+    rft_eval = json.loads((repo / "controls/rft/eval/metrics.json").read_text())["test"]["trained"]
+    assert (f"RFT: the reasoning states the asked count right on {rft_eval['reasoning_count_accuracy']:.1%}, "
+            f"the answer is the reasoning's count on {rft_eval['answer_matches_reasoning']:.1%} "
+            "(mean over 1 seeds)") in table, table
     highest = yaml.safe_load((repo / "params.yaml").read_text())["generate"]["max_count"]
     answers = [r["parsed"] for r in map(json.loads, (repo / "reports/eval/predictions.jsonl").open())
                if r["split"] == "test" and r["model"] == "trained"]
