@@ -259,3 +259,36 @@ def test_brief_token_probability_is_the_next_token_probability_of_each_image_alo
         with torch.no_grad():
             logits = net(**inputs).logits[0, -1]
         assert probability == pytest.approx(logits.softmax(-1)[brief_token].item(), rel=1e-3, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_kl_to_start_is_zero_for_an_adapter_that_never_moved_and_above_zero_for_one_that_did(
+        tiny_dataset, tiny_base, tmp_path):
+    """bench/kl_to_start.py: LoRA with B = 0 (as at initialisation) is the warm start, so every answer's KL
+    is exactly 0; an adapter that changes answers is a distance above 0, the same again with the same seed.
+    A split that does not exist stops it in one line before the model loads."""
+    import json
+
+    from conftest import tiny_adapter, write_params
+
+    params = write_params(tmp_path / "params.yaml", tiny_params())
+    command = ["python", str(ROOT / "bench/kl_to_start.py"), "--params", str(params), "--data", str(tiny_dataset),
+               "--base", str(tiny_base), "--split", "test", "--images", "4", "--samples", "2"]
+    still = tiny_adapter(tmp_path / "still", tiny_base, scale=0.0)
+    moved = tiny_adapter(tmp_path / "moved", tiny_base, scale=0.1)
+    figures = {}
+    for name, adapter in (("still", still), ("moved", moved), ("again", moved)):
+        out = run([*command, "--adapter", str(adapter), "--out", str(tmp_path / f"{name}.json")], ROOT).stdout
+        assert re.search(r"^test: KL\(trained \|\| warm start\) [\d.]+ nats per answer \[[\d.]+, [\d.]+\], [\d.]+ per "
+                         r"token \(4 images x 2 answers at temperature [\d.]+\)$", out, re.M), out
+        figures[name] = json.loads((tmp_path / f"{name}.json").read_text())["test"]
+    assert figures["still"]["kl_per_answer"] == 0.0 and figures["still"]["ci95"] == [0.0, 0.0]
+    assert figures["still"]["tokens"] > 0
+    moved = figures["moved"]
+    assert moved["kl_per_answer"] > 0 and moved["kl_per_token"] > 0 and moved["images"] == 4
+    assert moved["ci95"][0] <= moved["kl_per_answer"] <= moved["ci95"][1]
+    assert figures["again"] == moved
+
+    refused = run([*command[:-6], "--split", "tset", "--adapter", str(still)], ROOT, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "Invalid value for '--split': 'tset' is not one of 'train', 'val', 'test', 'ood'." in refused.stderr

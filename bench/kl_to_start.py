@@ -1,0 +1,122 @@
+"""How far a trained adapter moved the model from its warm start: KL(trained || warm start) over whole
+answers, estimated on the trained model's own samples. On-policy RL is said to forget less than supervised
+fine-tuning because it stays closer to the start in KL ("RL's Razor", Shenfeld et al., arXiv 2509.04259);
+this measures that distance for GRPO's adapter and for a control's (bench/controls.py), on any split.
+
+    R=<a repo where the cpu profile ran, with bench/controls.py's rft control>
+    .venv/bin/python bench/kl_to_start.py --params R/params.yaml --data R/data/shapes --base R/models/base \
+        --adapter R/models/adapter --split val --split ood
+    .venv/bin/python bench/kl_to_start.py ... --adapter R/controls/rft/adapter --split val --split ood
+
+For each image it samples `--samples` answers from the trained model at GRPO's temperature (`train.temperature`,
+no top-k or top-p) and sums, over each answer's tokens (up to and including the one that ends it), the exact
+KL between the trained and the warm start's next-token distributions at that temperature: by the chain rule
+the mean is the KL between the two models' answer distributions (TRL's GRPO logs a one-sample estimate of the
+same per-token quantity as `kl` when `train.beta` > 0). Prints, per split, the mean per answer with a 95%
+bootstrap interval over the images and the mean per token; `--out` also writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from vgrpo.config import SPLITS  # noqa: E402
+
+
+def stop_tokens(model, tokenizer) -> set[int]:
+    """The tokens that end an answer: generation's end-of-sequence ids and padding (`generate` pads after them)."""
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    return ids | {token for token in (tokenizer.eos_token_id, tokenizer.pad_token_id) if token is not None}
+
+
+def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float) -> tuple[list[float], list[int]]:
+    """One answer sampled per row from the trained model (adapter on); for each, the sum over its tokens of
+    KL(trained || warm start) of the next-token distributions at `temperature`, and its token count."""
+    import torch
+
+    from vgrpo.generation import append_tokens, batch_inputs
+
+    with torch.no_grad():
+        inputs = batch_inputs(processor, rows, model.device)
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
+                                top_k=0, top_p=1.0)
+        answers = output[:, inputs["input_ids"].shape[1]:]
+        stops = torch.isin(answers, torch.tensor(sorted(stop_tokens(model, processor.tokenizer)),
+                                                 device=answers.device))
+        counted = (stops.long().cumsum(1) - stops.long()) == 0  # every token up to the first stop, that one too
+        batch = append_tokens(inputs, answers)
+        keep = answers.shape[1] + 1  # the last prompt position predicts the first answer token
+        trained = (model(**batch, logits_to_keep=keep).logits[:, :-1].float() / temperature).log_softmax(-1)
+        with model.disable_adapter():
+            start = (model(**batch, logits_to_keep=keep).logits[:, :-1].float() / temperature).log_softmax(-1)
+        per_token = (trained.exp() * (trained - start)).sum(-1)
+        return (per_token * counted).sum(1).tolist(), counted.sum(1).tolist()
+
+
+@click.command()
+@click.option("--params", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
+@click.option("--base", "base_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="The warm start (models/base).")
+@click.option("--adapter", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="The trained LoRA adapter: models/adapter (GRPO) or controls/<name>/adapter.")
+@click.option("--split", "splits", multiple=True, type=click.Choice(SPLITS), default=("val", "ood"), show_default=True)
+@click.option("--images", type=click.IntRange(min=1), default=None, help="The first N images of each split (all).")
+@click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True, help="Answers sampled per image.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write JSON here.")
+def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[str, ...], images: int | None,
+         samples: int, seed: int, out: Path | None) -> None:
+    from vgrpo.cli import quiet_libraries, user_errors
+    from vgrpo.config import load_config
+    from vgrpo.files import write_json
+    from vgrpo.models import check_adapter
+    from vgrpo.shapes import load_dataset
+
+    with user_errors():  # bad params, no adapter, no dataset: one line before the model loads
+        config = load_config(params)
+        check_adapter(adapter)
+        dataset = load_dataset(data, splits=splits)
+
+    import numpy as np
+    import torch
+
+    from vgrpo.evaluation import load_base_and_adapter
+
+    quiet_libraries()
+    model, processor = load_base_and_adapter(config, base_dir, adapter, "float32")
+    temperature, batch_size = config.train.temperature, config.evaluate.batch_size
+    torch.manual_seed(seed)
+    results = {"adapter": str(adapter), "temperature": temperature, "samples_per_image": samples}
+    for split in splits:
+        rows = dataset[split]
+        rows = [rows[i] for i in range(min(images or len(rows), len(rows)))]
+        per_image = np.zeros(len(rows))
+        tokens = 0
+        for begin in range(0, len(rows), batch_size):
+            batch = rows[begin:begin + batch_size]
+            for _ in range(samples):
+                kls, lengths = answer_kl(model, processor, batch, config.evaluate.max_new_tokens, temperature)
+                per_image[begin:begin + len(batch)] += np.asarray(kls) / samples
+                tokens += sum(lengths)
+        rng = np.random.default_rng(seed)
+        means = per_image[rng.integers(0, len(rows), size=(2000, len(rows)))].mean(axis=1)
+        results[split] = {"images": len(rows), "kl_per_answer": round(float(per_image.mean()), 5),
+                          "ci95": [round(float(np.percentile(means, q)), 5) for q in (2.5, 97.5)],
+                          "kl_per_token": round(float(per_image.sum() * samples / tokens), 6), "tokens": tokens}
+        r = results[split]
+        click.echo(f"{split}: KL(trained || warm start) {r['kl_per_answer']:.4f} nats per answer [{r['ci95'][0]:.4f}, "
+                   f"{r['ci95'][1]:.4f}], {r['kl_per_token']:.5f} per token ({len(rows)} images x {samples} answers "
+                   f"at temperature {temperature})")
+    if out is not None:
+        write_json(out, results)
+
+
+if __name__ == "__main__":
+    main()
