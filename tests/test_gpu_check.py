@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, cpu_computes_bfloat16
 from hub_server import FakeHub
 
 TRAINS = ["hf-float32", "hf-16bit", "hf-fp16", "hf-4bit", "unsloth-16bit", "unsloth-fp16", "unsloth-4bit",
@@ -38,6 +38,11 @@ HUB_LEAVES_OUT = ("hf-float32", "hf-4bit", "downstream-hf-float32", "downstream-
 # What the tiny check leaves out: dvc-tiny's `dvc exp run` and the float32 train are the pipeline's tests'
 # (test_pipeline_e2e.py), evaluate/export/smoke on a 4-bit adapter test_pipeline_4bit.py's (a minute each here).
 TINY_LEAVES_OUT = ("hf-float32", "downstream-hf-float32", "downstream-hf-4bit", "dvc-tiny")
+# Both modes train in bfloat16 (hf-16bit), and the tiny mode runs evaluate, export and smoke on that adapter.
+# A CPU without bfloat16 arithmetic emulates it far too slowly for the suite's time: there they are skipped,
+# and the other kinds (Intel Xeon with AMX, AMD EPYC Zen 4 and 5) run them.
+BFLOAT16_CPU = pytest.mark.skipif(not cpu_computes_bfloat16(), reason="this CPU has no bfloat16 arithmetic "
+                                  "(avx512_bf16 or amx_bf16): torch emulates it, 68x float32's matmul time on Zen 2")
 # The stand-in is the tiny model, not the 8B: two completions of a prompt (the recipe's) are often alike, so
 # groups of four; four groups a step, as 40% of its groups of four had no reward spread (and a run whose
 # groups all had none moves nothing: dvc-full once failed so with one group a step); 256 tokens (the floor
@@ -85,6 +90,7 @@ def check_cpu_summary(result, summary: dict, dvc_cases: list[str], left_out: tup
 
 
 @pytest.mark.slow
+@BFLOAT16_CPU
 def test_gpu_check_runs_on_a_cpu_with_the_tiny_model(tmp_path):
     skips = (arg for case in TINY_LEAVES_OUT for arg in ("--skip", case))
     result, summary = gpu_check(tmp_path / "check", None, *skips)
@@ -98,6 +104,7 @@ def test_gpu_check_runs_on_a_cpu_with_the_tiny_model(tmp_path):
 
 
 @pytest.mark.slow
+@BFLOAT16_CPU
 def test_gpu_check_runs_on_a_cpu_with_a_hub_model(tiny_base, tmp_path):
     """Hub mode: the base stage downloads the model (the warm-started tiny Qwen3-VL) from the stand-in at
     the revision given, and every stage after it runs on that commit, with the knobs of the profiles the
