@@ -112,19 +112,18 @@ def same_answer(rows: list[dict], other_rows: list[dict]) -> float | None:
     return sum(answers[i] == others[i] for i in shared) / len(shared) if shared else None
 
 
-def control_pass_at_k(repo: Path, name: str, split: str) -> dict | None:
-    """A control's pass@k on `split`; None where the control was not run, or was scored before controls had it."""
+def control_metrics(repo: Path, name: str, split: str) -> dict:
+    """A control's evaluate metrics on `split` (its `trained` entry); empty where the control was not run."""
     path = repo / "controls" / name / "eval/metrics.json"
-    return json.loads(path.read_text()).get(split, {}).get("trained", {}).get("pass_at_k") if path.is_file() else None
+    return json.loads(path.read_text()).get(split, {}).get("trained", {}) if path.is_file() else {}
 
-def control_reasoning(repo: Path, name: str, split: str) -> dict:
-    """A control's (reasoning states the asked count right, answer is the reasoning's count) on `split`, keyed
-    by the control's name; empty where the control was not run."""
-    path = repo / "controls" / name / "eval/metrics.json"
-    trained = json.loads(path.read_text()).get(split, {}).get("trained", {}) if path.is_file() else {}
-    if "reasoning_count_accuracy" not in trained:
+
+def control_reasoning(control: dict, name: str) -> dict:
+    """A control's (reasoning states the asked count right, answer is the reasoning's count), keyed by the
+    control's name; empty where the control was not run or was scored before evaluate measured it."""
+    if "reasoning_count_accuracy" not in control:
         return {}
-    return {name: (trained["reasoning_count_accuracy"], trained["answer_matches_reasoning"])}
+    return {name: (control["reasoning_count_accuracy"], control["answer_matches_reasoning"])}
 
 
 def seed_figures(folder: Path, split: str, highest: int) -> dict:
@@ -143,14 +142,15 @@ def seed_figures(folder: Path, split: str, highest: int) -> dict:
              "rft": share_above(controls["rft"], "trained", highest)}
     ood = metrics.get("ood", {})
     train = json.loads((repo / "reports/train/metrics.json").read_text())
+    rft = control_metrics(repo, "rft", split)
     return {"runs": runs, "above": above, "images": m["trained"]["samples"],
             "same_as_rft": same_answer(evaluated, controls["rft"]),
             "pass": {**{name: m[name].get("pass_at_k") for name in PASS_MODELS if name in m},
-                     "rft": control_pass_at_k(repo, "rft", split)},
+                     "rft": rft.get("pass_at_k")},
             "ood": {name: ood[name]["accuracy"] for name in ("base", "base_described", "trained") if name in ood},
             "reasoning": {**{name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
                              for name in ("base_described", "trained") if name in m},
-                          **control_reasoning(repo, "rft", split)},
+                          **control_reasoning(rft, "rft")},
             "zero_spread_groups": train.get("zero_spread_groups"), "grpo_minutes": train["seconds"] / 60}
 
 

@@ -13,7 +13,8 @@ no top-k or top-p) and sums, over each answer's tokens (up to and including the 
 KL between the trained and the warm start's next-token distributions at that temperature: by the chain rule
 the mean is the KL between the two models' answer distributions (TRL's GRPO logs a one-sample estimate of the
 same per-token quantity as `kl` when `train.beta` > 0). Prints, per split, the mean per answer with a 95%
-bootstrap interval over the images and the mean per token; `--out` also writes them as JSON.
+bootstrap interval over the images (`evaluate.bootstrap_samples` resamples) and the mean per token; `--out`
+also writes them as JSON.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[
     import torch
 
     from vgrpo.evaluation import load_base_and_adapter
+    from vgrpo.intervals import bootstrap_ci
 
     quiet_libraries()
     model, processor = load_base_and_adapter(config, base_dir, adapter, "float32")
@@ -105,10 +107,8 @@ def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[
                 kls, lengths = answer_kl(model, processor, batch, config.evaluate.max_new_tokens, temperature)
                 per_image[begin:begin + len(batch)] += np.asarray(kls) / samples
                 tokens += sum(lengths)
-        rng = np.random.default_rng(seed)
-        means = per_image[rng.integers(0, len(rows), size=(2000, len(rows)))].mean(axis=1)
-        results[split] = {"images": len(rows), "kl_per_answer": round(float(per_image.mean()), 5),
-                          "ci95": [round(float(np.percentile(means, q)), 5) for q in (2.5, 97.5)],
+        results[split] = {"images": len(rows), "kl_per_answer": round(float(per_image.mean()), 4),
+                          "ci95": bootstrap_ci(per_image.tolist(), config.evaluate.bootstrap_samples, seed),
                           "kl_per_token": round(float(per_image.sum() * samples / tokens), 6), "tokens": tokens}
         r = results[split]
         click.echo(f"{split}: KL(trained || warm start) {r['kl_per_answer']:.4f} nats per answer [{r['ci95'][0]:.4f}, "

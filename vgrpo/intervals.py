@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def bootstrap_ci(correct: list[bool], samples: int, seed: int) -> list[float]:
-    """95% percentile bootstrap interval for the accuracy."""
-    values = np.asarray(correct, dtype=float)
+def bootstrap_ci(scores: list[float], samples: int, seed: int) -> list[float]:
+    """95% percentile bootstrap interval for the mean of per-image scores (right or not: the accuracy)."""
+    values = np.asarray(scores, dtype=float)
     if values.size == 0:
         return [0.0, 0.0]
     rng = np.random.default_rng(seed)
