@@ -1,20 +1,23 @@
-"""How far a trained adapter moved the model from its warm start: KL(trained || warm start) over whole
-answers, estimated on the trained model's own samples. On-policy RL is said to forget less than supervised
-fine-tuning because it stays closer to the start in KL ("RL's Razor", Shenfeld et al., arXiv 2509.04259);
-this measures that distance for GRPO's adapter and for a control's (bench/controls.py), on any split.
+"""How far a trained adapter moved the model from its warm start, as the KL between the two models' whole-answer
+distributions, for GRPO's adapter and for a control's (bench/controls.py), on any split. "RL's Razor" (Shenfeld
+et al., arXiv 2509.04259) finds that on-policy RL forgets less than supervised fine-tuning and that forgetting
+follows the forward KL, KL(warm start || trained), on the new task's inputs: `--direction forward` measures that
+one, on the warm start's own samples. The default, `--direction reverse`, is KL(trained || warm start) on the
+trained model's samples (the direction of the KL penalty TRL's GRPO adds when `train.beta` > 0).
 
     R=<a repo where the cpu profile ran, with bench/controls.py's rft control>
     .venv/bin/python bench/kl_to_start.py --params R/params.yaml --data R/data/shapes --base R/models/base \
         --adapter R/models/adapter --split val --split ood
     .venv/bin/python bench/kl_to_start.py ... --adapter R/controls/rft/adapter --split val --split ood
+    .venv/bin/python bench/kl_to_start.py ... --adapter R/models/adapter --direction forward --split val
 
-For each image it samples `--samples` answers from the trained model at GRPO's temperature (`train.temperature`,
-no top-k or top-p) and sums, over each answer's tokens (up to and including the one that ends it), the exact
-KL between the trained and the warm start's next-token distributions at that temperature: by the chain rule
-the mean is the KL between the two models' answer distributions (TRL's GRPO logs a one-sample estimate of the
-same per-token quantity as `kl` when `train.beta` > 0). Prints, per split, the mean per answer with a 95%
-bootstrap interval over the images (`evaluate.bootstrap_samples` resamples) and the mean per token; `--out`
-also writes them as JSON.
+For each image it samples `--samples` answers at GRPO's temperature (`train.temperature`, no top-k or top-p)
+from the first model of the pair (the trained one for reverse, the warm start for forward) and sums, over each
+answer's tokens (up to and including the one that ends it), the exact KL between the two models' next-token
+distributions at that temperature: by the chain rule the mean is the KL between their answer distributions
+(TRL's GRPO logs a one-sample estimate of the reverse per-token quantity as `kl`). Prints, per split, the mean
+per answer with a 95% bootstrap interval over the images (`evaluate.bootstrap_samples` resamples) and the mean
+per token; `--out` also writes them as JSON.
 """
 
 from __future__ import annotations
@@ -36,17 +39,26 @@ def stop_tokens(model, tokenizer) -> set[int]:
     return ids | {token for token in (tokenizer.eos_token_id, tokenizer.pad_token_id) if token is not None}
 
 
-def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float) -> tuple[list[float], list[int]]:
-    """One answer sampled per row from the trained model (adapter on); for each, the sum over its tokens of
-    KL(trained || warm start) of the next-token distributions at `temperature`, and its token count."""
+DIRECTIONS = {"reverse": "KL(trained || warm start)", "forward": "KL(warm start || trained)"}
+
+
+def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float,
+              direction: str) -> tuple[list[float], list[int]]:
+    """One answer sampled per row from the direction's first model (reverse: trained, adapter on; forward: the
+    warm start, adapter off); for each, the sum over its tokens of that direction's KL between the two models'
+    next-token distributions at `temperature`, and its token count."""
+    from contextlib import nullcontext
+
     import torch
 
     from vgrpo.generation import append_tokens, batch_inputs
 
+    sampler = model.disable_adapter() if direction == "forward" else nullcontext()
     with torch.no_grad():
         inputs = batch_inputs(processor, rows, model.device)
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
-                                top_k=0, top_p=1.0)
+        with sampler:
+            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True,
+                                    temperature=temperature, top_k=0, top_p=1.0)
         answers = output[:, inputs["input_ids"].shape[1]:]
         stops = torch.isin(answers, torch.tensor(sorted(stop_tokens(model, processor.tokenizer)),
                                                  device=answers.device))
@@ -56,7 +68,8 @@ def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float) -
         trained = (model(**batch, logits_to_keep=keep).logits[:, :-1].float() / temperature).log_softmax(-1)
         with model.disable_adapter():
             start = (model(**batch, logits_to_keep=keep).logits[:, :-1].float() / temperature).log_softmax(-1)
-        per_token = (trained.exp() * (trained - start)).sum(-1)
+        first, second = (start, trained) if direction == "forward" else (trained, start)
+        per_token = (first.exp() * (first - second)).sum(-1)
         return (per_token * counted).sum(1).tolist(), counted.sum(1).tolist()
 
 
@@ -70,10 +83,13 @@ def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float) -
 @click.option("--split", "splits", multiple=True, type=click.Choice(SPLITS), default=("val", "ood"), show_default=True)
 @click.option("--images", type=click.IntRange(min=1), default=None, help="The first N images of each split (all).")
 @click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True, help="Answers sampled per image.")
+@click.option("--direction", type=click.Choice(sorted(DIRECTIONS)), default="reverse", show_default=True,
+              help="reverse: KL(trained || warm start) on the trained model's samples; forward: KL(warm start || "
+                   "trained) on the warm start's samples (RL's Razor's measure).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write JSON here.")
 def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[str, ...], images: int | None,
-         samples: int, seed: int, out: Path | None) -> None:
+         samples: int, direction: str, seed: int, out: Path | None) -> None:
     from vgrpo.cli import quiet_libraries, user_errors
     from vgrpo.config import load_config
     from vgrpo.files import write_json
@@ -95,7 +111,8 @@ def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[
     model, processor = load_base_and_adapter(config, base_dir, adapter, "float32")
     temperature, batch_size = config.train.temperature, config.evaluate.batch_size
     torch.manual_seed(seed)
-    results = {"adapter": str(adapter), "temperature": temperature, "samples_per_image": samples}
+    results = {"adapter": str(adapter), "direction": DIRECTIONS[direction], "temperature": temperature,
+               "samples_per_image": samples}
     for split in splits:
         rows = dataset[split]
         rows = [rows[i] for i in range(min(images or len(rows), len(rows)))]
@@ -104,14 +121,15 @@ def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[
         for begin in range(0, len(rows), batch_size):
             batch = rows[begin:begin + batch_size]
             for _ in range(samples):
-                kls, lengths = answer_kl(model, processor, batch, config.evaluate.max_new_tokens, temperature)
+                kls, lengths = answer_kl(model, processor, batch, config.evaluate.max_new_tokens, temperature,
+                                         direction)
                 per_image[begin:begin + len(batch)] += np.asarray(kls) / samples
                 tokens += sum(lengths)
         results[split] = {"images": len(rows), "kl_per_answer": round(float(per_image.mean()), 4),
                           "ci95": bootstrap_ci(per_image.tolist(), config.evaluate.bootstrap_samples, seed),
                           "kl_per_token": round(float(per_image.sum() * samples / tokens), 6), "tokens": tokens}
         r = results[split]
-        click.echo(f"{split}: KL(trained || warm start) {r['kl_per_answer']:.4f} nats per answer [{r['ci95'][0]:.4f}, "
+        click.echo(f"{split}: {DIRECTIONS[direction]} {r['kl_per_answer']:.4f} nats per answer [{r['ci95'][0]:.4f}, "
                    f"{r['ci95'][1]:.4f}], {r['kl_per_token']:.5f} per token ({len(rows)} images x {samples} answers "
                    f"at temperature {temperature})")
     if out is not None:

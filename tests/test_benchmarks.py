@@ -264,9 +264,11 @@ def test_brief_token_probability_is_the_next_token_probability_of_each_image_alo
 @pytest.mark.slow
 def test_kl_to_start_is_zero_for_an_adapter_that_never_moved_and_above_zero_for_one_that_did(
         tiny_dataset, tiny_base, tmp_path):
-    """bench/kl_to_start.py: LoRA with B = 0 (as at initialisation) is the warm start, so every answer's KL
-    is exactly 0; an adapter that changes answers is a distance above 0, the same again with the same seed.
-    A split that does not exist stops it in one line before the model loads."""
+    """bench/kl_to_start.py, in both directions: LoRA with B = 0 (as at initialisation) is the warm start, so
+    every answer's KL is exactly 0; an adapter that changes answers is a distance above 0, the same again with the
+    same seed. Forward KL samples from the warm start, so with one seed the moved adapter's answers are the still
+    one's (same token count) and its figure differs from the reverse one's. A split that does not exist stops it
+    in one line before the model loads."""
     import json
 
     from conftest import tiny_adapter, write_params
@@ -276,18 +278,27 @@ def test_kl_to_start_is_zero_for_an_adapter_that_never_moved_and_above_zero_for_
                "--base", str(tiny_base), "--split", "test", "--images", "4", "--samples", "2"]
     still = tiny_adapter(tmp_path / "still", tiny_base, scale=0.0)
     moved = tiny_adapter(tmp_path / "moved", tiny_base, scale=0.1)
+    labels = {"reverse": r"KL\(trained \|\| warm start\)", "forward": r"KL\(warm start \|\| trained\)"}
     figures = {}
-    for name, adapter in (("still", still), ("moved", moved), ("again", moved)):
-        out = run([*command, "--adapter", str(adapter), "--out", str(tmp_path / f"{name}.json")], ROOT).stdout
-        assert re.search(r"^test: KL\(trained \|\| warm start\) [\d.]+ nats per answer \[[\d.]+, [\d.]+\], [\d.]+ per "
+    for name, adapter, direction in (("still", still, "reverse"), ("moved", moved, "reverse"),
+                                     ("again", moved, "reverse"), ("forward still", still, "forward"),
+                                     ("forward moved", moved, "forward")):
+        out_file = tmp_path / f"{name}.json"
+        out = run([*command, "--adapter", str(adapter), "--direction", direction, "--out", str(out_file)],
+                  ROOT).stdout
+        assert re.search(rf"^test: {labels[direction]} [\d.]+ nats per answer \[[\d.]+, [\d.]+\], [\d.]+ per "
                          r"token \(4 images x 2 answers at temperature [\d.]+\)$", out, re.M), out
-        figures[name] = json.loads((tmp_path / f"{name}.json").read_text())["test"]
-    assert figures["still"]["kl_per_answer"] == 0.0 and figures["still"]["ci95"] == [0.0, 0.0]
-    assert figures["still"]["tokens"] > 0
-    moved = figures["moved"]
-    assert moved["kl_per_answer"] > 0 and moved["kl_per_token"] > 0 and moved["images"] == 4
-    assert moved["ci95"][0] <= moved["kl_per_answer"] <= moved["ci95"][1]
-    assert figures["again"] == moved
+        figures[name] = json.loads(out_file.read_text())["test"]
+    for still_figures in (figures["still"], figures["forward still"]):
+        assert still_figures["kl_per_answer"] == 0.0 and still_figures["ci95"] == [0.0, 0.0]
+        assert still_figures["tokens"] > 0
+    for moved_figures in (figures["moved"], figures["forward moved"]):
+        assert moved_figures["kl_per_answer"] > 0 and moved_figures["kl_per_token"] > 0
+        assert moved_figures["ci95"][0] <= moved_figures["kl_per_answer"] <= moved_figures["ci95"][1]
+        assert moved_figures["images"] == 4
+    assert figures["again"] == figures["moved"]
+    assert figures["forward moved"]["tokens"] == figures["forward still"]["tokens"] == figures["still"]["tokens"]
+    assert figures["forward moved"]["kl_per_answer"] != figures["moved"]["kl_per_answer"]
 
     refused = run([*command[:-6], "--split", "tset", "--adapter", str(still)], ROOT, check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr

@@ -16,13 +16,13 @@ def test_bootstrap_interval_is_seeded_and_narrows_with_more_data():
     assert intervals.bootstrap_ci([True] * 20, 500, 1) == [1.0, 1.0]
 
 
-
 def test_bootstrap_interval_of_real_valued_scores_brackets_their_mean():
     """bench/kl_to_start.py passes nats per answer, not right-or-wrong: the interval is over their mean."""
     scores = [0.5, 1.5, 0.9, 1.1, 0.2, 1.8, 1.0, 1.0]
     low, high = intervals.bootstrap_ci(scores, 2000, 0)
     assert low < sum(scores) / len(scores) < high and 0.2 < low and high < 1.8
     assert intervals.bootstrap_ci([0.75] * 10, 500, 3) == [0.75, 0.75]
+
 
 def test_paired_interval_and_mcnemar_on_a_known_difference():
     """100 images: both right on 40, only trained on 30, only base on 5, both wrong on 25. The gain is
