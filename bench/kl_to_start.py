@@ -16,8 +16,9 @@ from the first model of the pair (the trained one for reverse, the warm start fo
 answer's tokens (up to and including the one that ends it), the exact KL between the two models' next-token
 distributions at that temperature: by the chain rule the mean is the KL between their answer distributions
 (TRL's GRPO logs a one-sample estimate of the reverse per-token quantity as `kl`). Prints, per split, the mean
-per answer with a 95% bootstrap interval over the images (`evaluate.bootstrap_samples` resamples) and the mean
-per token; `--out` also writes them as JSON.
+per answer with a 95% bootstrap interval over the images (`evaluate.bootstrap_samples` resamples), the mean
+per token, and how much of the KL falls on the answers' digit tokens (the counts, in the reasoning and the
+answer) against the rest (the words around them); `--out` also writes them as JSON.
 """
 
 from __future__ import annotations
@@ -39,14 +40,20 @@ def stop_tokens(model, tokenizer) -> set[int]:
     return ids | {token for token in (tokenizer.eos_token_id, tokenizer.pad_token_id) if token is not None}
 
 
+def digit_tokens(tokenizer) -> list[int]:
+    """The ids of every vocabulary token that holds a digit: where an answer states a count."""
+    return sorted(i for token, i in tokenizer.get_vocab().items() if any(c.isdigit() for c in token))
+
+
 DIRECTIONS = {"reverse": "KL(trained || warm start)", "forward": "KL(warm start || trained)"}
 
 
 def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float,
-              direction: str) -> tuple[list[float], list[int]]:
+              direction: str) -> dict[str, list[float]]:
     """One answer sampled per row from the direction's first model (reverse: trained, adapter on; forward: the
     warm start, adapter off); for each, the sum over its tokens of that direction's KL between the two models'
-    next-token distributions at `temperature`, and its token count."""
+    next-token distributions at `temperature` ("kl"), the part of that sum at its digit tokens ("kl_on_digits"),
+    its token count and its digit-token count."""
     from contextlib import nullcontext
 
     import torch
@@ -69,8 +76,10 @@ def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float,
         with model.disable_adapter():
             start = (model(**batch, logits_to_keep=keep).logits[:, :-1].float() / temperature).log_softmax(-1)
         first, second = (start, trained) if direction == "forward" else (trained, start)
-        per_token = (first.exp() * (first - second)).sum(-1)
-        return (per_token * counted).sum(1).tolist(), counted.sum(1).tolist()
+        per_token = (first.exp() * (first - second)).sum(-1) * counted
+        digits = torch.isin(answers, torch.tensor(digit_tokens(processor.tokenizer), device=answers.device))
+        return {"kl": per_token.sum(1).tolist(), "kl_on_digits": (per_token * digits).sum(1).tolist(),
+                "tokens": counted.sum(1).tolist(), "digit_tokens": (counted & digits).sum(1).tolist()}
 
 
 @click.command()
@@ -116,22 +125,26 @@ def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[
     for split in splits:
         rows = dataset[split]
         rows = [rows[i] for i in range(min(images or len(rows), len(rows)))]
-        per_image = np.zeros(len(rows))
-        tokens = 0
+        per_image, on_digits = np.zeros(len(rows)), np.zeros(len(rows))
+        tokens = digits = 0
         for begin in range(0, len(rows), batch_size):
             batch = rows[begin:begin + batch_size]
             for _ in range(samples):
-                kls, lengths = answer_kl(model, processor, batch, config.evaluate.max_new_tokens, temperature,
-                                         direction)
-                per_image[begin:begin + len(batch)] += np.asarray(kls) / samples
-                tokens += sum(lengths)
+                answers = answer_kl(model, processor, batch, config.evaluate.max_new_tokens, temperature,
+                                    direction)
+                per_image[begin:begin + len(batch)] += np.asarray(answers["kl"]) / samples
+                on_digits[begin:begin + len(batch)] += np.asarray(answers["kl_on_digits"]) / samples
+                tokens += sum(answers["tokens"])
+                digits += sum(answers["digit_tokens"])
         results[split] = {"images": len(rows), "kl_per_answer": round(float(per_image.mean()), 4),
                           "ci95": bootstrap_ci(per_image.tolist(), config.evaluate.bootstrap_samples, seed),
-                          "kl_per_token": round(float(per_image.sum() * samples / tokens), 6), "tokens": tokens}
+                          "kl_per_token": round(float(per_image.sum() * samples / tokens), 6), "tokens": tokens,
+                          "kl_on_digits_per_answer": round(float(on_digits.mean()), 4), "digit_tokens": digits}
         r = results[split]
         click.echo(f"{split}: {DIRECTIONS[direction]} {r['kl_per_answer']:.4f} nats per answer [{r['ci95'][0]:.4f}, "
                    f"{r['ci95'][1]:.4f}], {r['kl_per_token']:.5f} per token ({len(rows)} images x {samples} answers "
-                   f"at temperature {temperature})")
+                   f"at temperature {temperature}); {r['kl_on_digits_per_answer']:.4f} per answer on its digit tokens "
+                   f"({digits} of {tokens})")
     if out is not None:
         write_json(out, results)
 

@@ -261,6 +261,21 @@ def test_brief_token_probability_is_the_next_token_probability_of_each_image_alo
         assert probability == pytest.approx(logits.softmax(-1)[brief_token].item(), rel=1e-3, abs=1e-6)
 
 
+def test_kl_to_start_finds_the_count_tokens_of_an_answer(tiny_model_dir):
+    """bench/kl_to_start.py splits the KL at the digit tokens (the counts) from the words around them."""
+    import sys
+
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from kl_to_start import digit_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    digits = set(digit_tokens(tokenizer))
+    answer = tokenizer("<REASONING>2 red circles, 13 blue squares</REASONING><SOLUTION>2</SOLUTION>")["input_ids"]
+    assert [tokenizer.decode([t]) for t in answer if t in digits] == ["2", "1", "3", "2"]
+
+
 @pytest.mark.slow
 def test_kl_to_start_is_zero_for_an_adapter_that_never_moved_and_above_zero_for_one_that_did(
         tiny_dataset, tiny_base, tmp_path):
@@ -287,15 +302,18 @@ def test_kl_to_start_is_zero_for_an_adapter_that_never_moved_and_above_zero_for_
         out = run([*command, "--adapter", str(adapter), "--direction", direction, "--out", str(out_file)],
                   ROOT).stdout
         assert re.search(rf"^test: {labels[direction]} [\d.]+ nats per answer \[[\d.]+, [\d.]+\], [\d.]+ per "
-                         r"token \(4 images x 2 answers at temperature [\d.]+\)$", out, re.M), out
+                         r"token \(4 images x 2 answers at temperature [\d.]+\); [\d.]+ per answer on its digit tokens "
+                         r"\(\d+ of \d+\)$", out, re.M), out
         figures[name] = json.loads(out_file.read_text())["test"]
     for still_figures in (figures["still"], figures["forward still"]):
         assert still_figures["kl_per_answer"] == 0.0 and still_figures["ci95"] == [0.0, 0.0]
-        assert still_figures["tokens"] > 0
+        assert still_figures["tokens"] > 0 and still_figures["kl_on_digits_per_answer"] == 0.0
     for moved_figures in (figures["moved"], figures["forward moved"]):
         assert moved_figures["kl_per_answer"] > 0 and moved_figures["kl_per_token"] > 0
         assert moved_figures["ci95"][0] <= moved_figures["kl_per_answer"] <= moved_figures["ci95"][1]
         assert moved_figures["images"] == 4
+        assert 0 < moved_figures["kl_on_digits_per_answer"] < moved_figures["kl_per_answer"]
+        assert 0 < moved_figures["digit_tokens"] < moved_figures["tokens"]
     assert figures["again"] == figures["moved"]
     assert figures["forward moved"]["tokens"] == figures["forward still"]["tokens"] == figures["still"]["tokens"]
     assert figures["forward moved"]["kl_per_answer"] != figures["moved"]["kl_per_answer"]
