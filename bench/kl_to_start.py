@@ -17,8 +17,10 @@ answer's tokens (up to and including the one that ends it), the exact KL between
 distributions at that temperature: by the chain rule the mean is the KL between their answer distributions
 (TRL's GRPO logs a one-sample estimate of the reverse per-token quantity as `kl`). Prints, per split, the mean
 per answer with a 95% bootstrap interval over the images (`evaluate.bootstrap_samples` resamples), the mean
-per token, and how much of the KL falls on the answers' digit tokens (the counts, in the reasoning and the
-answer) against the rest (the words around them); `--out` also writes them as JSON.
+per token, how much of the KL falls on the answers' digit tokens (the counts, in the reasoning and the
+answer), and how much at the style fork (the token after the opening both warm-start styles share, where an
+answer turns brief or describes: `vgrpo.prompts.brief_style_fork`); the rest is on the other words. `--out` also
+writes them as JSON.
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ def digit_tokens(tokenizer) -> list[int]:
     return sorted(i for token, i in tokenizer.get_vocab().items() if any(c.isdigit() for c in token))
 
 
+def style_fork_positions(answers, opening: list[int]):
+    """True at the style fork of each answer that opens as both warm-start styles do (`opening`, from
+    `vgrpo.prompts.brief_style_fork`): the position whose next token makes it brief or describe."""
+    import torch
+
+    fork = torch.zeros_like(answers, dtype=torch.bool)
+    if answers.shape[1] > len(opening):
+        fork[:, len(opening)] = (answers[:, :len(opening)] == torch.tensor(opening, device=answers.device)).all(1)
+    return fork
+
+
 DIRECTIONS = {"reverse": "KL(trained || warm start)", "forward": "KL(warm start || trained)"}
 
 
@@ -52,13 +65,15 @@ def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float,
               direction: str) -> dict[str, list[float]]:
     """One answer sampled per row from the direction's first model (reverse: trained, adapter on; forward: the
     warm start, adapter off); for each, the sum over its tokens of that direction's KL between the two models'
-    next-token distributions at `temperature` ("kl"), the part of that sum at its digit tokens ("kl_on_digits"),
-    its token count and its digit-token count."""
+    next-token distributions at `temperature` ("kl"), the parts of that sum at its digit tokens ("kl_on_digits")
+    and at the style fork ("kl_at_style_fork", 0 for an answer that does not open as both styles do), its token
+    count and its digit-token count."""
     from contextlib import nullcontext
 
     import torch
 
     from vgrpo.generation import append_tokens, batch_inputs
+    from vgrpo.prompts import brief_style_fork
 
     sampler = model.disable_adapter() if direction == "forward" else nullcontext()
     with torch.no_grad():
@@ -78,7 +93,9 @@ def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float,
         first, second = (start, trained) if direction == "forward" else (trained, start)
         per_token = (first.exp() * (first - second)).sum(-1) * counted
         digits = torch.isin(answers, torch.tensor(digit_tokens(processor.tokenizer), device=answers.device))
+        fork = style_fork_positions(answers, brief_style_fork(processor.tokenizer)[0])
         return {"kl": per_token.sum(1).tolist(), "kl_on_digits": (per_token * digits).sum(1).tolist(),
+                "kl_at_style_fork": (per_token * fork).sum(1).tolist(),
                 "tokens": counted.sum(1).tolist(), "digit_tokens": (counted & digits).sum(1).tolist()}
 
 
@@ -125,7 +142,7 @@ def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[
     for split in splits:
         rows = dataset[split]
         rows = [rows[i] for i in range(min(images or len(rows), len(rows)))]
-        per_image, on_digits = np.zeros(len(rows)), np.zeros(len(rows))
+        per_image, on_digits, at_fork = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
         tokens = digits = 0
         for begin in range(0, len(rows), batch_size):
             batch = rows[begin:begin + batch_size]
@@ -134,17 +151,19 @@ def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[
                                     direction)
                 per_image[begin:begin + len(batch)] += np.asarray(answers["kl"]) / samples
                 on_digits[begin:begin + len(batch)] += np.asarray(answers["kl_on_digits"]) / samples
+                at_fork[begin:begin + len(batch)] += np.asarray(answers["kl_at_style_fork"]) / samples
                 tokens += sum(answers["tokens"])
                 digits += sum(answers["digit_tokens"])
         results[split] = {"images": len(rows), "kl_per_answer": round(float(per_image.mean()), 4),
                           "ci95": bootstrap_ci(per_image.tolist(), config.evaluate.bootstrap_samples, seed),
                           "kl_per_token": round(float(per_image.sum() * samples / tokens), 6), "tokens": tokens,
-                          "kl_on_digits_per_answer": round(float(on_digits.mean()), 4), "digit_tokens": digits}
+                          "kl_on_digits_per_answer": round(float(on_digits.mean()), 4), "digit_tokens": digits,
+                          "kl_at_style_fork_per_answer": round(float(at_fork.mean()), 4)}
         r = results[split]
         click.echo(f"{split}: {DIRECTIONS[direction]} {r['kl_per_answer']:.4f} nats per answer [{r['ci95'][0]:.4f}, "
                    f"{r['ci95'][1]:.4f}], {r['kl_per_token']:.5f} per token ({len(rows)} images x {samples} answers "
                    f"at temperature {temperature}); {r['kl_on_digits_per_answer']:.4f} per answer on its digit tokens "
-                   f"({digits} of {tokens})")
+                   f"({digits} of {tokens}), {r['kl_at_style_fork_per_answer']:.4f} at the style fork")
     if out is not None:
         write_json(out, results)
 

@@ -276,14 +276,37 @@ def test_kl_to_start_finds_the_count_tokens_of_an_answer(tiny_model_dir):
     assert [tokenizer.decode([t]) for t in answer if t in digits] == ["2", "1", "3", "2"]
 
 
+def test_kl_to_start_finds_the_style_fork_only_in_answers_that_open_as_both_styles_do(tiny_model_dir):
+    """The style fork is the position after the opening both warm-start styles share (`<REASONING`), in the
+    answers that begin with it; an answer that opens otherwise has none."""
+    import sys
+
+    import torch
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from kl_to_start import style_fork_positions
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    opening, brief_token = brief_style_fork(tokenizer)
+    texts = ["<REASONING>I count the blue circles.</REASONING>", "<REASONING>2 red triangles, 3 blue circles",
+             "<SOLUTION>3</SOLUTION> and more words to pad"]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"][:8] for text in texts]
+    fork = style_fork_positions(torch.tensor(ids), opening)
+    assert fork.sum(1).tolist() == [1, 1, 0]
+    assert ids[0][fork[0].nonzero().item()] == brief_token and fork[1, len(opening)]
+
+
 @pytest.mark.slow
 def test_kl_to_start_is_zero_for_an_adapter_that_never_moved_and_above_zero_for_one_that_did(
         tiny_dataset, tiny_base, tmp_path):
     """bench/kl_to_start.py, in both directions: LoRA with B = 0 (as at initialisation) is the warm start, so
     every answer's KL is exactly 0; an adapter that changes answers is a distance above 0, the same again with the
-    same seed. Forward KL samples from the warm start, so with one seed the moved adapter's answers are the still
-    one's (same token count) and its figure differs from the reverse one's. A split that does not exist stops it
-    in one line before the model loads."""
+    same seed; its part on the digit tokens is above 0, and with the part at the style fork (0 where no
+    answer opens as the warm-start styles do) leaves some for the other words. Forward KL samples from the
+    warm start, so with one seed the moved adapter's answers are the still one's (same token count) and its
+    figure differs from the reverse one's. A split that does not exist stops it in one line before the model
+    loads."""
     import json
 
     from conftest import tiny_adapter, write_params
@@ -303,17 +326,20 @@ def test_kl_to_start_is_zero_for_an_adapter_that_never_moved_and_above_zero_for_
                   ROOT).stdout
         assert re.search(rf"^test: {labels[direction]} [\d.]+ nats per answer \[[\d.]+, [\d.]+\], [\d.]+ per "
                          r"token \(4 images x 2 answers at temperature [\d.]+\); [\d.]+ per answer on its digit tokens "
-                         r"\(\d+ of \d+\)$", out, re.M), out
+                         r"\(\d+ of \d+\), [\d.]+ at the style fork$", out, re.M), out
         figures[name] = json.loads(out_file.read_text())["test"]
     for still_figures in (figures["still"], figures["forward still"]):
         assert still_figures["kl_per_answer"] == 0.0 and still_figures["ci95"] == [0.0, 0.0]
         assert still_figures["tokens"] > 0 and still_figures["kl_on_digits_per_answer"] == 0.0
+        assert still_figures["kl_at_style_fork_per_answer"] == 0.0
     for moved_figures in (figures["moved"], figures["forward moved"]):
         assert moved_figures["kl_per_answer"] > 0 and moved_figures["kl_per_token"] > 0
         assert moved_figures["ci95"][0] <= moved_figures["kl_per_answer"] <= moved_figures["ci95"][1]
         assert moved_figures["images"] == 4
         assert 0 < moved_figures["kl_on_digits_per_answer"] < moved_figures["kl_per_answer"]
         assert 0 < moved_figures["digit_tokens"] < moved_figures["tokens"]
+        parts = moved_figures["kl_on_digits_per_answer"] + moved_figures["kl_at_style_fork_per_answer"]
+        assert 0 <= moved_figures["kl_at_style_fork_per_answer"] and parts < moved_figures["kl_per_answer"]
     assert figures["again"] == figures["moved"]
     assert figures["forward moved"]["tokens"] == figures["forward still"]["tokens"] == figures["still"]["tokens"]
     assert figures["forward moved"]["kl_per_answer"] != figures["moved"]["kl_per_answer"]
