@@ -26,7 +26,9 @@ writes them as JSON.
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 
@@ -47,6 +49,22 @@ def digit_tokens(tokenizer) -> list[int]:
     return sorted(i for token, i in tokenizer.get_vocab().items() if any(c.isdigit() for c in token))
 
 
+class AnswerMarks(NamedTuple):
+    """The token ids that mark where an answer stops, where it states a count, and how it opens before the
+    style fork (`vgrpo.prompts.brief_style_fork`): found once a run, not once a batch (a vocabulary scan)."""
+
+    stops: list[int]
+    digits: list[int]
+    opening: list[int]
+
+
+def answer_marks(model, tokenizer) -> AnswerMarks:
+    """`AnswerMarks` for this model's generation config and tokenizer."""
+    from vgrpo.prompts import brief_style_fork
+
+    return AnswerMarks(sorted(stop_tokens(model, tokenizer)), digit_tokens(tokenizer), brief_style_fork(tokenizer)[0])
+
+
 def style_fork_positions(answers, opening: list[int]):
     """True at the style fork of each answer that opens as both warm-start styles do (`opening`, from
     `vgrpo.prompts.brief_style_fork`): the position whose next token makes it brief or describe."""
@@ -61,29 +79,30 @@ def style_fork_positions(answers, opening: list[int]):
 DIRECTIONS = {"reverse": "KL(trained || warm start)", "forward": "KL(warm start || trained)"}
 
 
-def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float,
-              direction: str) -> dict[str, list[float]]:
-    """One answer sampled per row from the direction's first model (reverse: trained, adapter on; forward: the
-    warm start, adapter off); for each, the sum over its tokens of that direction's KL between the two models'
-    next-token distributions at `temperature` ("kl"), the parts of that sum at its digit tokens ("kl_on_digits")
-    and at the style fork ("kl_at_style_fork", 0 for an answer that does not open as both styles do), its token
-    count and its digit-token count."""
-    from contextlib import nullcontext
-
+def sample_answers(model, inputs, max_new_tokens: int, temperature: float, direction: str):
+    """One answer per row, sampled at `temperature` (no top-k or top-p) from the direction's first model
+    (reverse: the trained one, adapter on; forward: the warm start, adapter off)."""
     import torch
 
-    from vgrpo.generation import append_tokens, batch_inputs
-    from vgrpo.prompts import brief_style_fork
-
     sampler = model.disable_adapter() if direction == "forward" else nullcontext()
+    with torch.no_grad(), sampler:
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True,
+                                temperature=temperature, top_k=0, top_p=1.0)
+    return output[:, inputs["input_ids"].shape[1]:]
+
+
+def answer_kl(model, inputs, answers, marks: AnswerMarks, temperature: float,
+              direction: str) -> dict[str, list[float]]:
+    """For each answer, the sum over its tokens (up to and including the first stop) of the direction's KL
+    between the two models' next-token distributions at `temperature` ("kl"), the parts of that sum at its digit
+    tokens ("kl_on_digits") and at the style fork ("kl_at_style_fork", 0 for an answer that does not open as both
+    styles do), its token count and its digit-token count."""
+    import torch
+
+    from vgrpo.generation import append_tokens
+
     with torch.no_grad():
-        inputs = batch_inputs(processor, rows, model.device)
-        with sampler:
-            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True,
-                                    temperature=temperature, top_k=0, top_p=1.0)
-        answers = output[:, inputs["input_ids"].shape[1]:]
-        stops = torch.isin(answers, torch.tensor(sorted(stop_tokens(model, processor.tokenizer)),
-                                                 device=answers.device))
+        stops = torch.isin(answers, torch.tensor(marks.stops, device=answers.device))
         counted = (stops.long().cumsum(1) - stops.long()) == 0  # every token up to the first stop, that one too
         batch = append_tokens(inputs, answers)
         keep = answers.shape[1] + 1  # the last prompt position predicts the first answer token
@@ -92,8 +111,8 @@ def answer_kl(model, processor, rows, max_new_tokens: int, temperature: float,
             start = (model(**batch, logits_to_keep=keep).logits[:, :-1].float() / temperature).log_softmax(-1)
         first, second = (start, trained) if direction == "forward" else (trained, start)
         per_token = (first.exp() * (first - second)).sum(-1) * counted
-        digits = torch.isin(answers, torch.tensor(digit_tokens(processor.tokenizer), device=answers.device))
-        fork = style_fork_positions(answers, brief_style_fork(processor.tokenizer)[0])
+        digits = torch.isin(answers, torch.tensor(marks.digits, device=answers.device))
+        fork = style_fork_positions(answers, marks.opening)
         return {"kl": per_token.sum(1).tolist(), "kl_on_digits": (per_token * digits).sum(1).tolist(),
                 "kl_at_style_fork": (per_token * fork).sum(1).tolist(),
                 "tokens": counted.sum(1).tolist(), "digit_tokens": (counted & digits).sum(1).tolist()}
@@ -131,34 +150,38 @@ def main(params: Path, data: Path, base_dir: Path, adapter: Path, splits: tuple[
     import torch
 
     from vgrpo.evaluation import load_base_and_adapter
+    from vgrpo.generation import batch_inputs
     from vgrpo.intervals import bootstrap_ci
 
     quiet_libraries()
     model, processor = load_base_and_adapter(config, base_dir, adapter, "float32")
     temperature, batch_size = config.train.temperature, config.evaluate.batch_size
+    marks = answer_marks(model, processor.tokenizer)
     torch.manual_seed(seed)
     results = {"adapter": str(adapter), "direction": DIRECTIONS[direction], "temperature": temperature,
                "samples_per_image": samples}
     for split in splits:
         rows = dataset[split]
         rows = [rows[i] for i in range(min(images or len(rows), len(rows)))]
-        per_image, on_digits, at_fork = np.zeros(len(rows)), np.zeros(len(rows)), np.zeros(len(rows))
+        sums = {key: np.zeros(len(rows)) for key in ("kl", "kl_on_digits", "kl_at_style_fork")}
         tokens = digits = 0
         for begin in range(0, len(rows), batch_size):
             batch = rows[begin:begin + batch_size]
+            inputs = batch_inputs(processor, batch, model.device)
             for _ in range(samples):
-                answers = answer_kl(model, processor, batch, config.evaluate.max_new_tokens, temperature,
-                                    direction)
-                per_image[begin:begin + len(batch)] += np.asarray(answers["kl"]) / samples
-                on_digits[begin:begin + len(batch)] += np.asarray(answers["kl_on_digits"]) / samples
-                at_fork[begin:begin + len(batch)] += np.asarray(answers["kl_at_style_fork"]) / samples
-                tokens += sum(answers["tokens"])
-                digits += sum(answers["digit_tokens"])
+                answers = sample_answers(model, inputs, config.evaluate.max_new_tokens, temperature, direction)
+                figures = answer_kl(model, inputs, answers, marks, temperature, direction)
+                for key, by_image in sums.items():
+                    by_image[begin:begin + len(batch)] += np.asarray(figures[key]) / samples
+                tokens += sum(figures["tokens"])
+                digits += sum(figures["digit_tokens"])
+        per_image = sums["kl"]
         results[split] = {"images": len(rows), "kl_per_answer": round(float(per_image.mean()), 4),
                           "ci95": bootstrap_ci(per_image.tolist(), config.evaluate.bootstrap_samples, seed),
                           "kl_per_token": round(float(per_image.sum() * samples / tokens), 6), "tokens": tokens,
-                          "kl_on_digits_per_answer": round(float(on_digits.mean()), 4), "digit_tokens": digits,
-                          "kl_at_style_fork_per_answer": round(float(at_fork.mean()), 4)}
+                          "kl_on_digits_per_answer": round(float(sums["kl_on_digits"].mean()), 4),
+                          "digit_tokens": digits,
+                          "kl_at_style_fork_per_answer": round(float(sums["kl_at_style_fork"].mean()), 4)}
         r = results[split]
         click.echo(f"{split}: {DIRECTIONS[direction]} {r['kl_per_answer']:.4f} nats per answer [{r['ci95'][0]:.4f}, "
                    f"{r['ci95'][1]:.4f}], {r['kl_per_token']:.5f} per token ({len(rows)} images x {samples} answers "

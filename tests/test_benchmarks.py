@@ -298,6 +298,53 @@ def test_kl_to_start_finds_the_style_fork_only_in_answers_that_open_as_both_styl
 
 
 @pytest.mark.slow
+def test_kl_to_start_puts_part_of_the_kl_at_the_style_fork_of_answers_that_open_as_both_styles_do(
+        tiny_dataset, tiny_base, tmp_path):
+    """Answers forced to open as the two warm-start styles do (the tiny warm start's own samples do not) have a
+    style fork: for a moved adapter, in both directions, part of their KL falls there and part on their digits,
+    and some is left for the other words; an answer that opens otherwise has none at a fork. A still adapter
+    gives 0 everywhere. Each answer's tokens are counted up to and including its end-of-sequence token."""
+    import sys
+
+    import torch
+    from conftest import tiny_adapter, tiny_config
+
+    from vgrpo.evaluation import load_base_and_adapter
+    from vgrpo.generation import batch_inputs
+    from vgrpo.shapes import load_dataset
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from kl_to_start import answer_kl, answer_marks
+
+    config = tiny_config()
+    test = load_dataset(tiny_dataset, splits=("test",))["test"]
+    rows = [test[i] for i in range(3)]
+    texts = ["<REASONING>I count the blue circles: 2.</REASONING><SOLUTION>2</SOLUTION>",
+             "<REASONING>2 red triangles, 3 blue circles.</REASONING><SOLUTION>3</SOLUTION>",
+             "<SOLUTION>3</SOLUTION>"]
+    for name, scale in (("still", 0.0), ("moved", 0.1)):
+        adapter = tiny_adapter(tmp_path / name, tiny_base, scale=scale)
+        model, processor = load_base_and_adapter(config, tiny_base, adapter, "float32")
+        tokenizer = processor.tokenizer
+        ids = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for text in texts]
+        width = max(map(len, ids))
+        answers = torch.tensor([answer + [tokenizer.pad_token_id] * (width - len(answer)) for answer in ids])
+        marks = answer_marks(model, tokenizer)
+        inputs = batch_inputs(processor, rows, model.device)
+        for direction in ("reverse", "forward"):
+            figures = answer_kl(model, inputs, answers, marks, config.train.temperature, direction)
+            assert figures["tokens"] == [len(answer) for answer in ids]
+            assert figures["digit_tokens"] == [2, 3, 1]
+            if name == "still":
+                assert figures["kl"] == figures["kl_on_digits"] == figures["kl_at_style_fork"] == [0.0] * 3
+                continue
+            fork, digits, whole = figures["kl_at_style_fork"], figures["kl_on_digits"], figures["kl"]
+            assert fork[0] > 0 and fork[1] > 0 and fork[2] == 0, (direction, fork)
+            assert all(0 < digit for digit in digits), (direction, digits)
+            assert all(f + d < w for f, d, w in zip(fork, digits, whole, strict=True)), (direction, figures)
+
+
+@pytest.mark.slow
 def test_kl_to_start_is_zero_for_an_adapter_that_never_moved_and_above_zero_for_one_that_did(
         tiny_dataset, tiny_base, tmp_path):
     """bench/kl_to_start.py, in both directions: LoRA with B = 0 (as at initialisation) is the warm start, so
