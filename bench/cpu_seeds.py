@@ -212,8 +212,11 @@ def evaluate_pass_ks(rows: dict[int, dict]) -> list[int]:
 
 
 def better_rival(runs: dict[str, dict[str, bool]]) -> str:
-    """The better, on this split, of the warm start made to describe and RFT: what GRPO's own share is over."""
-    return max((name for name in ("described", "rft") if runs[name]), key=lambda name: accuracy(runs[name]))
+    """The better, on this split, of the warm start made to describe and RFT: what GRPO's own share is over.
+    A warm start taught only to describe (`base.described_share: 1.0`) has no brief style to forbid: its
+    greedy answers are the described ones."""
+    warm_start = "described" if runs["described"] else "greedy"
+    return max((name for name in (warm_start, "rft") if runs[name]), key=lambda name: accuracy(runs[name]))
 
 
 def own_share(rows: dict[int, dict]) -> tuple[list[float], list[float]]:
@@ -255,8 +258,8 @@ def report(work: Path, split: str) -> None:
                f"{statistics.mean(per_seed) * 100:+.1f} points, paired 95% interval over the seeds' images "
                f"[{interval[0] * 100:+.1f}, {interval[1] * 100:+.1f}], range {min(per_seed) * 100:+.1f} to "
                f"{max(per_seed) * 100:+.1f}")
-    for key, label in (("described", "the warm start made to describe"), ("rft", "RFT"),
-                       ("full_label_sft", "full-label SFT")):
+    for key, label in (("greedy", "the warm start, greedy"), ("described", "the warm start made to describe"),
+                       ("rft", "RFT"), ("full_label_sft", "full-label SFT")):
         if all(r["runs"][key] for r in rows.values()):
             diffs, (low, high) = paired_difference(rows, dict.fromkeys(rows, key))
             click.echo(f"GRPO minus {label}: mean {statistics.mean(diffs) * 100:+.1f} points [{low * 100:+.1f}, "

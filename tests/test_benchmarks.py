@@ -55,6 +55,17 @@ def test_cpu_seeds_stops_in_one_line_on_contradicting_options_and_unmatched_runs
         paired_difference(rows, {3: "rft"})
 
 
+def test_grpos_own_share_is_over_the_warm_starts_greedy_answers_where_it_has_no_brief_style():
+    """With a brief style, the warm start's rival is its made-to-describe decoding, greedy left out; a warm start
+    taught only to describe has no made-to-describe run, and its greedy answers stand in (not RFT alone)."""
+    from cpu_seeds import better_rival
+
+    greedy, described, rft = {"a": True, "b": True}, {"a": True, "b": False}, {"a": False, "b": False}
+    assert better_rival({"greedy": greedy, "described": described, "rft": rft}) == "described"
+    assert better_rival({"greedy": greedy, "described": {}, "rft": rft}) == "greedy"
+    assert better_rival({"greedy": rft, "described": {}, "rft": described}) == "rft"
+
+
 def test_pass_at_k_gaps_are_paired_image_by_image_over_the_seeds_that_kept_right_answers():
     """GRPO's pass@k minus a rival's, from each image's right answers of n: seed 0 (n 2) and seed 1 (n 2) kept
     them, seed 2 (scored before evaluate kept them) is left out of the gap, not counted as zero."""
@@ -173,7 +184,7 @@ def test_gate_figures_of_a_run(tiny_pipeline):
     """`bench/gate_figures.py` (the figures behind smoke's bounds) on the tiny run, with itself as the other
     run: every precision a CPU runs, every measure the gate reads."""
     out = run(["python", str(ROOT / "bench/gate_figures.py"), "--repo", str(tiny_pipeline), "--other",
-               str(tiny_pipeline), "--images", "2", "--threads", "1"], ROOT).stdout
+               str(tiny_pipeline), "--images", "2", "--threads", "2"], ROOT).stdout
     for reference in ("reference float32", "reference bfloat16", "reference 4bit", "another run's files",
                       "a BF16 file from a bfloat16 merge"):
         assert reference in out, out
