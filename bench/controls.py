@@ -8,6 +8,9 @@ beside GRPO image by image (paired 95% interval, McNemar's p) on every evaluated
     .venv/bin/python bench/controls.py --repo <repo> --control rft          # one of them
     .venv/bin/python bench/controls.py --repo <repo> --score-only           # score the saved adapters again
 
+pass@k samples, so a score repeats to the byte only with the thread count it was scored with (another
+sums floats in another order): `bench/cpu_seeds.py` runs this script with one thread (OMP_NUM_THREADS=1).
+
 Writes <repo>/controls/<name>/: adapter/, eval/ (evaluate's metrics.json and predictions.jsonl) and
 summary.json (the control's data, steps and its comparison with GRPO). eval/metrics.json has the control's
 pass@k at GRPO's sampling settings where evaluate scored GRPO's (`evaluate.pass_samples`).

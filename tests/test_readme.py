@@ -133,9 +133,12 @@ def test_every_shown_dvc_git_and_setup_command_is_run_by_a_test_or_ci():
             continue
         if script_of(command):
             continue  # the next test
-        test_file = re.fullmatch(r"\.venv/bin/python -m pytest (?:-\w+ )*(tests/test_\w+\.py)", command)
-        if test_file:  # one file of the suite, which CI runs whole
-            assert (ROOT / test_file[1]).is_file(), f"{doc}: {command!r}: no {test_file[1]}"
+        test_file = re.fullmatch(r"\.venv/bin/python -m pytest (?:-\w+ )*(tests/test_\w+\.py)(?: -k (\w+))?", command)
+        if test_file:  # one file of the suite, or tests of it picked by -k: CI runs the file whole
+            path = ROOT / test_file[1]
+            assert path.is_file(), f"{doc}: {command!r}: no {test_file[1]}"
+            if test_file[2]:
+                assert re.search(rf"^def test_\w*{test_file[2]}", path.read_text(), re.M), f"{doc}: {command!r}: no test"
             continue
         if command.startswith("dvc exp run") and command not in RUN_BY:
             check_gpu_run(doc, command)
