@@ -234,3 +234,16 @@ def test_a_local_model_directory_is_recorded_not_copied(tiny_model_dir, tmp_path
     assert source["kind"] == "local" and source["path"] == str(tiny_model_dir)
     assert sorted(p.name for p in (tmp_path / "base").iterdir()) == ["source.json"]
     assert base_model_path(tmp_path / "base") == str(tiny_model_dir)
+
+
+def test_a_tiny_base_is_described_by_both_its_seeds():
+    """The random model's seed (model.tiny_seed) and the warm start's (base.seed) differ between the cpu seeds'
+    runs: a description that named only the first said `seed 0` for every seed's warm start."""
+    from vgrpo.base import describe
+
+    warm = {"sft_steps": 600, "seed": 3, "described_share": 0.4}
+    described = describe({"kind": "tiny", "seed": 0, "warm_start": warm})
+    assert described == "tiny (seed 0, warm-started 600 SFT steps, base.seed 3)"
+    assert describe({"kind": "tiny", "seed": 0, "warm_start": {"sft_steps": 0}}) == "tiny (seed 0, random)"
+    assert describe({"kind": "hub", "name": "Qwen/Qwen3-VL-8B-Instruct", "sha": "0c351dd"}) == \
+        "Qwen/Qwen3-VL-8B-Instruct@0c351dd"

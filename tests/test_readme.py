@@ -138,7 +138,8 @@ def test_every_shown_dvc_git_and_setup_command_is_run_by_a_test_or_ci():
             path = ROOT / test_file[1]
             assert path.is_file(), f"{doc}: {command!r}: no {test_file[1]}"
             if test_file[2]:
-                assert re.search(rf"^def test_\w*{test_file[2]}", path.read_text(), re.M), f"{doc}: {command!r}: no test"
+                picked = re.search(rf"^def test_\w*{test_file[2]}", path.read_text(), re.M)
+                assert picked, f"{doc}: {command!r}: no test matches"
             continue
         if command.startswith("dvc exp run") and command not in RUN_BY:
             check_gpu_run(doc, command)

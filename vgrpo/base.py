@@ -82,7 +82,7 @@ def build_tiny_base(config: Config, base_dir: Path, data_dir: Path, reports_dir:
             warm = {"sft_steps": 0}
             write_json(reports_dir / "metrics.json", warm)
         if config.base.sft_steps:  # its answer styles: evaluate and the card read them
-            warm = {**warm, "described_share": config.base.described_share,
+            warm = {**warm, "seed": config.base.seed, "described_share": config.base.described_share,
                     "brief_answers": config.base.brief_answers}
         source = {"kind": "tiny", "name": "tiny", "seed": model.tiny_seed, "warm_start": warm,
                   "files": weight_files_on_disk(staging)}
@@ -272,13 +272,17 @@ def cached_snapshot(source: dict, base_dir: Path) -> str:
 
 
 def describe(source: dict) -> str:
-    """`Qwen/Qwen3-VL-8B-Instruct@0c351dd` or `tiny (seed 0)`: for logs, metrics and the model card."""
+    """`Qwen/Qwen3-VL-8B-Instruct@0c351dd` or `tiny (seed 0, warm-started 600 SFT steps, base.seed 1)`: for logs,
+    metrics and the model card. The first seed is the random model's (model.tiny_seed), the last the warm start's."""
     if source["kind"] == "hub":
         return f"{source['name']}@{source['sha']}"
     if source["kind"] == "local":
         return source["path"]
-    steps = (source.get("warm_start") or {}).get("sft_steps")
-    return f"tiny (seed {source.get('seed')}" + (f", warm-started {steps} SFT steps)" if steps else ", random)")
+    warm = source.get("warm_start") or {}
+    if not warm.get("sft_steps"):
+        return f"tiny (seed {source.get('seed')}, random)"
+    warm_seed = f", base.seed {warm['seed']}" if "seed" in warm else ""  # recorded since 2026-12-06
+    return f"tiny (seed {source.get('seed')}, warm-started {warm['sft_steps']} SFT steps{warm_seed})"
 
 
 # --- Files --------------------------------------------------------------------------------------
