@@ -207,18 +207,22 @@ def test_export_no_longer_writes_a_card(tiny_pipeline):
              "(above the training range)"),
     ("cpu", "synthetic 128x128 px images, one shape per 32 px cell, shapes never overlap, every label re-counted by an "
             "independent counter; splits train 600; 1..5 of the asked shape and 0..3 of each other shape, 6..8 of the "
-            "asked shape in `ood` (above the training range)"),
+            "asked shape in `ood` (above GRPO's training range, within the warm start's 1..8)"),
 ])
 def test_the_data_line_is_right_for_every_profile(profile, expected):
-    """The card's data line from each profile's own generate params (the cpu profile has 0..3 of the others)."""
+    """The card's data line from each profile's own generate params (the cpu profile has 0..3 of the others, and
+    its warm start saw the OOD counts)."""
     data = profile_params(profile)["generate"]
     size = f"{data['image_size']}x{data['image_size']}"
     assert card.data_line(data, size, f"train {data['train_size']}") == expected
 
 
-def test_the_data_line_says_when_the_warm_start_saw_the_ood_counts():
+@pytest.mark.parametrize("warmup_max_count, ood_range", [
+    (8, "above GRPO's training range, within the warm start's 1..8"), (None, "above the training range"),
+    (5, "above the training range")])
+def test_the_data_line_says_when_the_warm_start_saw_the_ood_counts(warmup_max_count, ood_range):
     """With `generate.warmup_max_count` above the training range, OOD is above GRPO's range only: the card
-    must not call it above the training range."""
-    data = {**profile_params("cpu")["generate"], "warmup_max_count": 8}
+    must not call it above the training range (and must, when the warm start saw 1..5 alone)."""
+    data = {**profile_params("cpu")["generate"], "warmup_max_count": warmup_max_count}
     line = card.data_line(data, "128x128", "train 600")
-    assert line.endswith("6..8 of the asked shape in `ood` (above GRPO's training range, within the warm start's 1..8)")
+    assert line.endswith(f"6..8 of the asked shape in `ood` ({ood_range})")
