@@ -8,10 +8,10 @@ Every figure is printed for `val` (the split recipes are chosen on) and `test` (
 
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --jobs 2 0 1 2 3 4     # over an hour a seed-job on 1 core
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --report                # the table from what is there
-    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-45 --set train.max_steps=45 --set train.learning_rate=5e-4 \
-        --set train.eval_steps=15 --no-controls 0 1 2 3 4                                 # the profile before 0.2.0
-    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-68 --control rft --set generate.warmup_other_max_count=8 \
-        0 1 2 3 4                                                                         # a lever, RFT only
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-15 --set generate.warmup_max_count=null \
+        --set generate.warmup_other_max_count=null 0 1 2 3 4       # the profile before its warm-up counts 1-8
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-68 --control rft --set generate.warmup_max_count=null \
+        0 1 2 3 4                                 # a lever (6-8 in the other shapes' descriptions only), RFT only
 
 Each seed runs in its own clone (bench/pipeline.py's): `dvc exp run -S profile=cpu -S base.seed=S -S
 train.seed=S [--set ...] evaluate` (generate, base, train, evaluate: export and smoke add nothing to these
