@@ -2,8 +2,9 @@
 made to describe), pass@k at GRPO's sampling settings (warm start, after GRPO, RFT), after GRPO, the two
 controls at GRPO's own budget (rejection-sampling fine-tuning on the warm start's verified samples, and
 full-label SFT: bench/controls.py), GRPO's own share (after GRPO minus the better of the warm start made to
-describe and RFT) with a paired 95% interval per seed and over the seeds, GRPO minus each of the three on
-its own (with its interval), and OOD; with the CPU named.
+describe and RFT) with a paired 95% interval per seed and over the seeds' images pooled, beside a Student-t
+interval with the seed as the unit, GRPO minus each of the three on its own (with both intervals), and OOD;
+with the CPU named.
 Every figure is printed for `val` (the split recipes are chosen on) and `test` (reported).
 
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --jobs 2 0 1 2 3 4     # over an hour a seed-job on 1 core
@@ -36,7 +37,7 @@ import yaml
 from pipeline import ROOT, cpu_name, environment, make_clone, sh  # bench/pipeline.py
 
 sys.path.insert(0, str(ROOT))
-from vgrpo.intervals import mean_paired_bootstrap_ci  # noqa: E402
+from vgrpo.intervals import mean_paired_bootstrap_ci, over_seeds_ci  # noqa: E402
 from vgrpo.pass_at_k import pass_at_k  # noqa: E402
 
 PASS_MODELS = ("base", "base_described", "trained")  # evaluate's pass@k: the warm start, made to describe, GRPO
@@ -224,6 +225,13 @@ def own_share(rows: dict[int, dict]) -> tuple[list[float], list[float]]:
     return paired_difference(rows, {seed: better_rival(r["runs"]) for seed, r in rows.items()})
 
 
+def seeds_interval(per_seed: list[float]) -> str:
+    """The interval with the seed as the unit, for a report line: it includes 0 where one or two seeds carry a
+    mean that the images' interval calls sure."""
+    interval = over_seeds_ci(per_seed)
+    return "" if interval is None else f", over the seeds (t) [{interval[0] * 100:+.1f}, {interval[1] * 100:+.1f}]"
+
+
 def share(value) -> str:
     return "-" if value is None else f"{value:.1%}"
 
@@ -256,14 +264,15 @@ def report(work: Path, split: str) -> None:
             click.echo(f"{label}: mean {statistics.mean(values):.1%}, range {min(values):.1%}-{max(values):.1%}")
     click.echo(f"GRPO's own share (after GRPO minus the better of made to describe and RFT): mean "
                f"{statistics.mean(per_seed) * 100:+.1f} points, paired 95% interval over the seeds' images "
-               f"[{interval[0] * 100:+.1f}, {interval[1] * 100:+.1f}], range {min(per_seed) * 100:+.1f} to "
-               f"{max(per_seed) * 100:+.1f}")
+               f"[{interval[0] * 100:+.1f}, {interval[1] * 100:+.1f}]{seeds_interval(per_seed)}, range "
+               f"{min(per_seed) * 100:+.1f} to {max(per_seed) * 100:+.1f}")
     for key, label in (("greedy", "the warm start, greedy"), ("described", "the warm start made to describe"),
                        ("rft", "RFT"), ("full_label_sft", "full-label SFT")):
         if all(r["runs"][key] for r in rows.values()):
             diffs, (low, high) = paired_difference(rows, dict.fromkeys(rows, key))
             click.echo(f"GRPO minus {label}: mean {statistics.mean(diffs) * 100:+.1f} points [{low * 100:+.1f}, "
-                       f"{high * 100:+.1f}], range {min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f}")
+                       f"{high * 100:+.1f}]{seeds_interval(diffs)}, range {min(diffs) * 100:+.1f} to "
+                       f"{max(diffs) * 100:+.1f}")
     for name, label in PASS_LABELS.items():
         found = [r["pass"][name] for r in rows.values() if r["pass"].get(name)]
         if found:

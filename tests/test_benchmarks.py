@@ -145,7 +145,9 @@ def test_controls_and_the_seed_report_on_a_finished_run(tiny_pipeline, tmp_path)
                      r"on 16 images; one thread per run; CPU: .+ \(.*\d+ cores\)", table), table
     assert f"after GRPO: mean {evaluation['trained']['accuracy']:.1%}" in table
     assert re.search(r"GRPO's own share \(after GRPO minus the better of made to describe and RFT\): mean "
-                     r"[+-][\d.]+ points, paired 95% interval over the seeds' images \[[+-][\d.]+, [+-][\d.]+\]", table)
+                     r"[+-][\d.]+ points, paired 95% interval over the seeds' images \[[+-][\d.]+, [+-][\d.]+\], "
+                     r"range", table)
+    assert "over the seeds (t)" not in table  # one seed: no interval with the seed as the unit
     for label in ("warm start", "after GRPO", "RFT control"):  # the tiny profile's base has no brief style to forbid
         assert re.search(rf"pass@k {label}, at GRPO's sampling settings: mean over 1 seeds pass@1 [\d.]+", table), table
     rft_pass = json.loads((repo / "controls/rft/eval/metrics.json").read_text())["test"]["trained"]["pass_at_k"]

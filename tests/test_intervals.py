@@ -61,3 +61,15 @@ def test_interval_over_seeds_holds_the_mean_gain_and_narrows_with_seeds():
     assert [round(b, 4) for b in (one_low, one_high)] == intervals.paired_bootstrap_ci(base, trained, 2000, 0)
     assert intervals.mean_paired_bootstrap_ci([(base, trained), ([], [])], 2000, 0) == [one_low, one_high]
     assert intervals.mean_paired_bootstrap_ci([], 2000, 0) == [0.0, 0.0]
+
+
+def test_interval_with_the_seed_as_the_unit_is_students_t():
+    """Per-seed gains 1..5: mean 3, standard error sqrt(2.5/5), t(0.975, 4 df) 2.776, so 3 -+ 1.963. One seed far
+    from the rest widens it past 0 where the images' interval would not notice (the OOD case in
+    docs/cpu-research.md); one seed gives no interval."""
+    low, high = intervals.over_seeds_ci([1, 2, 3, 4, 5])
+    assert low == pytest.approx(3 - 1.9632, abs=1e-3) and high == pytest.approx(3 + 1.9632, abs=1e-3)
+    assert intervals.over_seeds_ci([0.02, 0.02, 0.02]) == pytest.approx([0.02, 0.02])
+    low, _ = intervals.over_seeds_ci([0.158, -0.017, 0.033, -0.025, 0.067])
+    assert low < 0
+    assert intervals.over_seeds_ci([0.1]) is None and intervals.over_seeds_ci([]) is None

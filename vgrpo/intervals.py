@@ -42,6 +42,19 @@ def mean_paired_bootstrap_ci(pairs: list[tuple[list[float], list[float]]], sampl
     return [float(np.percentile(gains, 2.5)), float(np.percentile(gains, 97.5))]
 
 
+def over_seeds_ci(per_seed: list[float]) -> list[float] | None:
+    """95% Student-t interval for the mean of per-seed differences, the seed the unit: it counts how much a
+    result moves from one training run to the next, which resampling a fixed set of seeds' images does not.
+    None for fewer than two seeds."""
+    from scipy.stats import t
+
+    values = np.asarray(per_seed, dtype=float)
+    if values.size < 2:
+        return None
+    half = t.ppf(0.975, values.size - 1) * values.std(ddof=1) / np.sqrt(values.size)
+    return [float(values.mean() - half), float(values.mean() + half)]
+
+
 def mcnemar_p(base: list[bool], trained: list[bool]) -> float:
     """Exact two-sided McNemar test: are the images only the trained model gets right more (or fewer)
     than those only the base gets right, beyond chance? 1.0 when the two never disagree."""
