@@ -66,6 +66,14 @@ def test_grpos_own_share_is_over_the_warm_starts_greedy_answers_where_it_has_no_
     assert better_rival({"greedy": rft, "described": {}, "rft": described}) == "rft"
 
 
+def test_the_report_gives_the_interval_with_the_seed_as_the_unit_from_two_seeds_on():
+    """The seed-report test runs one seed; the line `--report` prints beside a pooled interval from two seeds on
+    (OOD's per-seed gains on the profile: docs/cpu-research.md) is checked here, in points."""
+    from cpu_seeds import seeds_interval
+
+    assert seeds_interval([0.158, -0.017, 0.033, -0.025, 0.067]) == ", over the seeds (t) [-4.9, +13.6]"
+    assert seeds_interval([0.05]) == ""
+
 def test_pass_at_k_gaps_are_paired_image_by_image_over_the_seeds_that_kept_right_answers():
     """GRPO's pass@k minus a rival's, from each image's right answers of n: seed 0 (n 2) and seed 1 (n 2) kept
     them, seed 2 (scored before evaluate kept them) is left out of the gap, not counted as zero."""

@@ -1,6 +1,6 @@
 """How sure an accuracy or a difference of accuracies is: percentile bootstrap intervals (paired when two
-models answered the same images, and over seeds) and McNemar's exact test. Numpy and scipy only, so a
-report script imports it without loading torch."""
+models answered the same images, and over seeds' images), a Student-t interval with the seed as the unit, and
+McNemar's exact test. Numpy and scipy only, so a report script imports it without loading torch."""
 
 from __future__ import annotations
 
