@@ -13,6 +13,8 @@ Every figure is printed for `val` (the split recipes are chosen on) and `test` (
         --set generate.warmup_other_max_count=null 0 1 2 3 4       # the profile before its warm-up counts 1-8
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-68 --control rft --set generate.warmup_max_count=null \
         0 1 2 3 4                                 # a lever (6-8 in the other shapes' descriptions only), RFT only
+    .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-kl --report --against /tmp/cpu-seeds   # a lever's GRPO
+        # minus the profile's GRPO and RFT (its seeds, the same images), where the lever ran with --no-controls
 
 Each seed runs in its own clone (bench/pipeline.py's): `dvc exp run -S profile=cpu -S base.seed=S -S
 train.seed=S [--set ...] evaluate` (generate, base, train, evaluate: export and smoke add nothing to these
@@ -236,7 +238,48 @@ def share(value) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def report(work: Path, split: str) -> None:
+def parsed_by_id(rows: list[dict], model: str) -> dict[str, int | None]:
+    return {r["id"]: r["parsed"] for r in rows if r["model"] == model}
+
+
+def against_figures(folder: Path, against: Path, split: str) -> dict:
+    """One seed of a lever beside the same seed of another work folder (the profile as it is): the lever's GRPO,
+    the other folder's GRPO and RFT, image by image, and how often the two warm starts made to describe answer
+    alike (100% where the lever leaves the warm start alone on the same CPU kind)."""
+    other = against / folder.name
+    if not (other / "done").exists():
+        raise click.ClickException(f"--against {against}: {folder.name} is not finished there")
+    mine, theirs = (yaml.safe_load((f / "repo/params.yaml").read_text())["generate"] for f in (folder, other))
+    differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if differing:  # other images: nothing to pair
+        raise click.ClickException(f"--against {against}: {folder.name}'s generate.{differing[0]} is "
+                                   f"{mine.get(differing[0])!r} here and {theirs.get(differing[0])!r} there")
+    evaluated = records(folder / "repo/reports/eval/predictions.jsonl", split)
+    others = records(other / "repo/reports/eval/predictions.jsonl", split)
+    described, other_described = parsed_by_id(evaluated, "base_described"), parsed_by_id(others, "base_described")
+    alike = [described[i] == other_described[i] for i in described if i in other_described]
+    return {"runs": {"grpo": correct_by_id(evaluated, "trained"), "their_grpo": correct_by_id(others, "trained"),
+                     "their_rft": correct_by_id(records(other / "repo/controls/rft/eval/predictions.jsonl", split),
+                                                "trained")},
+            "same_warm_start": sum(alike) / len(alike) if alike else None}
+
+
+def report_against(folders: list[Path], against: Path, split: str) -> None:
+    """The lever's GRPO minus the other folder's GRPO and RFT, paired over the same seeds' images."""
+    rows = {int(f.name.split("-")[1]): against_figures(f, against, split) for f in folders}
+    alike = [r["same_warm_start"] for r in rows.values() if r["same_warm_start"] is not None]
+    if alike:
+        click.echo(f"against {against}: the two warm starts made to describe give the same answer on "
+                   f"{statistics.mean(alike):.1%} of the images (mean over {len(alike)} seeds)")
+    for key, label in (("their_grpo", "GRPO"), ("their_rft", "RFT")):
+        if all(r["runs"][key] for r in rows.values()):
+            diffs, (low, high) = paired_difference(rows, dict.fromkeys(rows, key))
+            click.echo(f"GRPO minus {against}'s {label}: mean {statistics.mean(diffs) * 100:+.1f} points "
+                       f"[{low * 100:+.1f}, {high * 100:+.1f}]{seeds_interval(diffs)}, range "
+                       f"{min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f}")
+
+
+def report(work: Path, split: str, against: Path | None = None) -> None:
     folders = sorted((f for f in work.glob("seed-*") if (f / "done").exists()), key=lambda f: int(f.name.split("-")[1]))
     if not folders:
         raise SystemExit(f"cpu_seeds: no finished seed in {work}")
@@ -308,6 +351,8 @@ def report(work: Path, split: str) -> None:
     spread = [r["zero_spread_groups"] for r in rows.values() if r["zero_spread_groups"] is not None]
     if spread:
         click.echo(f"GRPO's groups without reward spread: mean {statistics.mean(spread):.0%}")
+    if against is not None:
+        report_against(folders, against, split)
 
 
 @click.command()
@@ -323,8 +368,11 @@ def report(work: Path, split: str) -> None:
 @click.option("--jobs", default=1, show_default=True, help="Seeds run side by side (each on one thread).")
 @click.option("--split", "splits", multiple=True, default=("val", "test"), show_default=True,
               help="The splits the table is printed for.")
+@click.option("--against", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="Another work folder of the same seeds and data (the profile as it is): this one's GRPO minus "
+                   "its GRPO and RFT, image by image.")
 def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[str, ...], controls: bool,
-         control_names: tuple[str, ...], jobs: int, splits: tuple[str, ...]) -> None:
+         control_names: tuple[str, ...], jobs: int, splits: tuple[str, ...], against: Path | None) -> None:
     if control_names and not controls:
         raise click.UsageError(f"--control {control_names[0]} names a control and --no-controls runs none: drop one")
     work.mkdir(parents=True, exist_ok=True)
@@ -335,7 +383,7 @@ def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(lambda seed: run_seed(work, seed, settings, controls_to_run), seeds))
     for split in splits:
-        report(work, split)
+        report(work, split, against)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,51 @@ def test_the_report_gives_the_interval_with_the_seed_as_the_unit_from_two_seeds_
     assert seeds_interval([0.158, -0.017, 0.033, -0.025, 0.067]) == ", over the seeds (t) [-4.9, +13.6]"
     assert seeds_interval([0.05]) == ""
 
+def test_a_lever_is_paired_with_another_folders_grpo_and_rft_on_the_same_seeds_images(tmp_path, capsys):
+    """`--report --against W`: a lever run with --no-controls, minus the profile's GRPO and RFT of the same seeds,
+    image by image; the warm starts' agreement is printed; another dataset or an unfinished seed there stops in
+    one line that names it."""
+    import json
+
+    import click
+    from cpu_seeds import report_against
+
+    def seed(work, number, grpo, rft, described, generate_seed=7):
+        repo = work / f"seed-{number}" / "repo"
+        (repo / "reports/eval").mkdir(parents=True)
+        (repo / "params.yaml").write_text(yaml.safe_dump({"generate": {"seed": generate_seed, "val_size": 4}}))
+        rows = [{"split": "val", "model": model, "id": f"val-{i}", "parsed": answer, "correct": answer == 3}
+                for model, answers in (("trained", grpo), ("base_described", described)) for i, answer in
+                enumerate(answers)]
+        (repo / "reports/eval/predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if rft:
+            (repo / "controls/rft/eval").mkdir(parents=True)
+            lines = [json.dumps({"split": "val", "model": "trained", "id": f"val-{i}", "parsed": a, "correct": a == 3})
+                     for i, a in enumerate(rft)]
+            (repo / "controls/rft/eval/predictions.jsonl").write_text("".join(line + "\n" for line in lines))
+        (repo.parent / "done").touch()
+        return repo.parent
+
+    lever, profile = tmp_path / "lever", tmp_path / "profile"  # every image's true count is 3
+    folders = [seed(lever, 0, [3, 3, 3, 1], None, [3, 1, 1, 1]), seed(lever, 1, [3, 3, 1, 1], None, [3, 3, 1, 2])]
+    seed(profile, 0, [3, 3, 1, 1], [3, 1, 1, 1], [3, 1, 1, 1])
+    seed(profile, 1, [3, 3, 1, 1], [3, 3, 3, 1], [3, 3, 1, 1])  # one made-to-describe answer differs: 4 of 4, 3 of 4
+    report_against(folders, profile, "val")
+    out = capsys.readouterr().out
+    assert f"against {profile}: the two warm starts made to describe give the same answer on 87.5% of the images" in out
+    # GRPO minus theirs: seed 0 +25, seed 1 0; minus their RFT: seed 0 +50, seed 1 -25
+    named = re.escape(str(profile))
+    assert re.search(rf"GRPO minus {named}'s GRPO: mean \+12.5 points \[[+-][\d.]+, [+-][\d.]+\], "
+                     r"over the seeds \(t\) \[[+-][\d.]+, [+-][\d.]+\], range \+0.0 to \+25.0", out), out
+    assert re.search(rf"GRPO minus {named}'s RFT: mean \+12.5 points .*range -25.0 to \+50.0", out), out
+    (profile / "seed-1/done").unlink()
+    with pytest.raises(click.ClickException, match=rf"--against {named}: seed-1 is not finished there"):
+        report_against(folders, profile, "val")
+    seed(tmp_path / "other", 0, [3], [3], [3], generate_seed=8)
+    with pytest.raises(click.ClickException, match=r"seed-0's generate.seed is 7 here and 8 there"):
+        report_against(folders[:1], tmp_path / "other", "val")
+
+
 def test_pass_at_k_gaps_are_paired_image_by_image_over_the_seeds_that_kept_right_answers():
     """GRPO's pass@k minus a rival's, from each image's right answers of n: seed 0 (n 2) and seed 1 (n 2) kept
     them, seed 2 (scored before evaluate kept them) is left out of the gap, not counted as zero."""
