@@ -3,8 +3,8 @@ made to describe), pass@k at GRPO's sampling settings (warm start, after GRPO, R
 controls at GRPO's own budget (rejection-sampling fine-tuning on the warm start's verified samples, and
 full-label SFT: bench/controls.py), GRPO's own share (after GRPO minus the better of the warm start made to
 describe and RFT) with a paired 95% interval per seed and over the seeds' images pooled, beside a Student-t
-interval with the seed as the unit, GRPO minus each of the three on its own (with both intervals), and OOD;
-with the CPU named.
+interval with the seed as the unit, GRPO minus each of the three on its own (with both intervals), OOD, and
+where wrong answers go wrong (the reasoning's count, or another shape's count it states); with the CPU named.
 Every figure is printed for `val` (the split recipes are chosen on) and `test` (reported).
 
     .venv/bin/python bench/cpu_seeds.py --work /tmp/cpu-seeds --jobs 2 0 1 2 3 4     # over an hour a seed-job on 1 core
@@ -41,6 +41,8 @@ from pipeline import ROOT, cpu_name, environment, make_clone, sh  # bench/pipeli
 sys.path.insert(0, str(ROOT))
 from vgrpo.intervals import mean_paired_bootstrap_ci, over_seeds_ci  # noqa: E402
 from vgrpo.pass_at_k import pass_at_k  # noqa: E402
+from vgrpo.prompts import reasoning_text  # noqa: E402
+from vgrpo.rewards import SHAPE_WORDS, stated_count  # noqa: E402
 
 PASS_MODELS = ("base", "base_described", "trained")  # evaluate's pass@k: the warm start, made to describe, GRPO
 PASS_LABELS = {"base": "warm start", "base_described": "warm start made to describe", "trained": "after GRPO",
@@ -107,6 +109,20 @@ def share_above(rows: list[dict], model: str, highest: int) -> float | None:
     return sum(p is not None and p > highest for p in parsed) / len(parsed) if parsed else None
 
 
+def slot_slips(rows: list[dict], model: str) -> tuple[int, int]:
+    """Of a model's answers that are not the count its reasoning states for the asked shape (where it states
+    one), how many are another shape's count stated there: (slips, such answers). A slip is a lookup of the
+    wrong shape in the model's own description, not a miscount."""
+    slips = missed = 0
+    for r in rows:
+        if r["model"] != model or r.get("reasoning_count") is None or r["parsed"] == r["reasoning_count"]:
+            continue
+        missed += 1
+        reasoning = reasoning_text(r["completion"])
+        slips += r["parsed"] in {stated_count(reasoning, shape) for shape in SHAPE_WORDS if shape != r["target_shape"]}
+    return slips, missed
+
+
 def same_answer(rows: list[dict], other_rows: list[dict]) -> float | None:
     """The share of images on which two trained models' answers are the same number."""
     answers = {r["id"]: r["parsed"] for r in rows if r["model"] == "trained"}
@@ -154,6 +170,8 @@ def seed_figures(folder: Path, split: str, highest: int) -> dict:
             "reasoning": {**{name: (m[name]["reasoning_count_accuracy"], m[name]["answer_matches_reasoning"])
                              for name in ("base_described", "trained") if name in m},
                           **control_reasoning(rft, "rft")},
+            "slips": {"base_described": slot_slips(evaluated, "base_described"),
+                      "trained": slot_slips(evaluated, "trained"), "rft": slot_slips(controls["rft"], "trained")},
             "zero_spread_groups": train.get("zero_spread_groups"), "grpo_minutes": train["seconds"] / 60}
 
 
@@ -339,6 +357,11 @@ def report(work: Path, split: str, against: Path | None = None) -> None:
             click.echo(f"{label}: the reasoning states the asked count right on {stated:.1%}, "
                        f"the answer is the reasoning's count on {copied:.1%} "
                        f"(mean over {len(found)} seeds)")
+    for name, label in (("base_described", "made to describe"), ("trained", "after GRPO"), ("rft", "RFT")):
+        slips, missed = (sum(r["slips"][name][i] for r in rows.values()) for i in (0, 1))
+        if missed:  # which wrong copies a reward could teach: the answer took another shape's stated count
+            click.echo(f"{label}: of the {missed} answers that are not the reasoning's count, {slips} "
+                       f"({slips / missed:.1%}) are another shape's count stated there (all seeds)")
     for key, label in (("described", "made to describe"), ("grpo", "after GRPO"), ("rft", "RFT")):
         found = [r["above"][key] for r in rows.values() if r["above"][key] is not None]
         if found:  # an answer above the training range must be reachable for OOD accuracy above 0

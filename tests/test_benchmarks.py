@@ -119,6 +119,22 @@ def test_a_lever_is_paired_with_another_folders_grpo_and_rft_on_the_same_seeds_i
         report_against(folders[:1], tmp_path / "other", "val")
 
 
+def test_a_slot_slip_is_an_answer_that_took_another_shapes_stated_count():
+    """Of the answers that are not the reasoning's count of the asked shape: a slip names another shape's stated
+    count; a number stated for no shape is not one; answers that repeat the count, or follow no stated count,
+    are not counted at all."""
+    from cpu_seeds import slot_slips
+
+    def row(answer, reasoning_count, model="trained"):
+        reasoning = "2 red triangles, 3 blue circles, 1 green squares"
+        return {"model": model, "target_shape": "circles", "parsed": answer, "reasoning_count": reasoning_count,
+                "completion": f"<REASONING>{reasoning}</REASONING><SOLUTION>{answer}</SOLUTION>"}
+
+    rows = [row(1, 3), row(2, 3), row(5, 3), row(3, 3), row(4, None), row(1, 3, model="base")]
+    assert slot_slips(rows, "trained") == (2, 3)  # 1 (squares) and 2 (triangles) slip; 5 is stated for no shape
+    assert slot_slips(rows, "base") == (1, 1) and slot_slips(rows, "rft") == (0, 0)
+
+
 def test_pass_at_k_gaps_are_paired_image_by_image_over_the_seeds_that_kept_right_answers():
     """GRPO's pass@k minus a rival's, from each image's right answers of n: seed 0 (n 2) and seed 1 (n 2) kept
     them, seed 2 (scored before evaluate kept them) is left out of the gap, not counted as zero."""
