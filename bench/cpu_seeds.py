@@ -398,6 +398,9 @@ def main(work: Path, seeds: tuple[int, ...], report_only: bool, settings: tuple[
          control_names: tuple[str, ...], jobs: int, splits: tuple[str, ...], against: Path | None) -> None:
     if control_names and not controls:
         raise click.UsageError(f"--control {control_names[0]} names a control and --no-controls runs none: drop one")
+    unfinished = [seed for seed in seeds if against is not None and not (against / f"seed-{seed}" / "done").exists()]
+    if unfinished:  # found before an hour of runs, not at the report after them
+        raise click.UsageError(f"--against {against}: seed-{unfinished[0]} is not finished there")
     work.mkdir(parents=True, exist_ok=True)
     controls_to_run = (control_names or ("rft", "full_label_sft")) if controls else ()
     if not report_only and seeds:

@@ -117,6 +117,10 @@ def test_a_lever_is_paired_with_another_folders_grpo_and_rft_on_the_same_seeds_i
     seed(tmp_path / "other", 0, [3], [3], [3], generate_seed=8)
     with pytest.raises(click.ClickException, match=r"seed-0's generate.seed is 7 here and 8 there"):
         report_against(folders[:1], tmp_path / "other", "val")
+    refused = run(["python", str(ROOT / "bench/cpu_seeds.py"), "--work", str(tmp_path / "new"), "--against",
+                   str(profile), "0", "1"], ROOT, check=False)  # refused before any clone or run
+    assert refused.returncode == 2 and not (tmp_path / "new").exists(), refused.stderr
+    assert f"Error: --against {profile}: seed-1 is not finished there" in refused.stderr
 
 
 def test_a_slot_slip_is_an_answer_that_took_another_shapes_stated_count():
