@@ -30,7 +30,7 @@ def test_grpo_config_carries_every_recipe_knob(profile, tmp_path):
     same_name = ["learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "lr_scheduler_type",
                  "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                  "max_completion_length", "temperature", "top_p", "top_k", "beta", "loss_type",
-                 "importance_sampling_level",
+                 "importance_sampling_level", "top_entropy_quantile",
                  "scale_rewards", "num_train_epochs", "max_steps", "save_steps", "max_grad_norm", "logging_steps",
                  "seed", "vllm_server_base_url", "vllm_server_timeout"]
     for name in same_name:
@@ -62,6 +62,20 @@ def test_rollout_top_k_reaches_trl(tmp_path):
     from vgrpo.training import grpo_config
 
     assert grpo_config(tiny_config(top_k=50).train, tmp_path, "float32", cuda=False).top_k == 50
+
+
+def test_top_entropy_quantile_reaches_trl_at_the_token_level_only(tmp_path):
+    """Every profile keeps 1 (every token), so the test above cannot tell a passed knob from a dropped one: set it.
+    At the sequence level TRL's entropy mask would only rescale each answer's loss: refused in one line."""
+    from vgrpo.training import grpo_config
+
+    train = tiny_config(top_entropy_quantile=0.2, importance_sampling_level="token").train
+    assert grpo_config(train, tmp_path, "float32", cuda=False).top_entropy_quantile == 0.2
+    with pytest.raises(ConfigError, match=r"^params.yaml: train.top_entropy_quantile: needs "
+                                          r"train.importance_sampling_level: token \(at the sequence level"):
+        config_from_dict(tiny_params(train={"top_entropy_quantile": 0.2, "importance_sampling_level": "sequence"}))
+    with pytest.raises(ConfigError, match=r"^params.yaml: train.top_entropy_quantile: "):
+        config_from_dict(tiny_params(train={"top_entropy_quantile": 1.5}))
 
 
 def test_recipes_from_the_seeds():

@@ -170,6 +170,8 @@ class TrainParams:
     positive_advantage_weight: float = knob(ge=0, le=1)  # advantages above 0 times this (W-REINFORCE, arXiv
                                                         # 2506.01347: wrong answers pushed down harder); 1: off
     importance_sampling_level: Literal["token", "sequence"]
+    top_entropy_quantile: float = knob(ge=0, le=1)  # < 1: the policy loss keeps only this top share of the tokens
+                                                   # by entropy (arXiv 2506.01939); 1: every token
     num_train_epochs: float = knob(gt=0)
     max_steps: int = knob(ge=-1)  # -1: use num_train_epochs
     save_steps: int = knob(ge=1)
@@ -466,6 +468,9 @@ def _check_relations(config: Config, source: str) -> None:
     if t.prompt_oversampling > 1 and t.per_device_train_batch_size % t.num_generations:
         fail("train.prompt_oversampling", f"needs whole groups per step: per_device_train_batch_size "
              f"{t.per_device_train_batch_size} is not a multiple of num_generations {t.num_generations}")
+    if t.top_entropy_quantile < 1 and t.importance_sampling_level == "sequence":
+        fail("train.top_entropy_quantile", "needs train.importance_sampling_level: token (at the sequence level "
+             "every token's loss is the answer's mean ratio, so the mask only rescales each answer's loss)")
     if t.use_vllm and t.finetune_vision_layers:
         fail("train.use_vllm", "vLLM cannot apply LoRA to vision layers: set train.finetune_vision_layers: false "
              "to generate with vLLM, or train.use_vllm: false to keep the vision LoRA")

@@ -38,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 # What defines the loss. Unsloth's GRPOConfig rewrites some of these (scale_rewards "group" -> "none"
 # under dr_grpo), so they are set again after the config is built: both backends optimise one objective.
-OBJECTIVE = ("loss_type", "scale_rewards", "beta", "importance_sampling_level", "num_generations", "temperature",
-             "top_p", "top_k", "max_completion_length", "max_grad_norm")
+OBJECTIVE = ("loss_type", "scale_rewards", "beta", "importance_sampling_level", "top_entropy_quantile",
+             "num_generations", "temperature", "top_p", "top_k", "max_completion_length", "max_grad_norm")
 
 
 def grpo_config(train: TrainParams, output_dir: str | Path, dtype: str, cuda: bool) -> GRPOConfig:
@@ -66,6 +66,7 @@ def grpo_config(train: TrainParams, output_dir: str | Path, dtype: str, cuda: bo
         loss_type=train.loss_type,
         scale_rewards=train.scale_rewards,
         importance_sampling_level=train.importance_sampling_level,
+        top_entropy_quantile=train.top_entropy_quantile,
         num_train_epochs=train.num_train_epochs,
         max_steps=train.max_steps,
         save_steps=train.save_steps,
