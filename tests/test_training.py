@@ -248,6 +248,40 @@ def test_the_advantage_weight_changes_what_one_step_learns(tiny_base, tiny_datas
     assert any(not torch.equal(full[n], weighed[n]) for n in full)
 
 
+def test_the_entropy_mask_changes_what_one_step_learns(tiny_base, tiny_dataset, tmp_path):
+    """`train.top_entropy_quantile` reaches TRL's loss: one real step at the token level from the same start and
+    seed leaves the same adapters twice with every token kept and other adapters with the top fifth by entropy.
+    With every token kept the token level is the sequence level on-policy (the ratio is 1, so each token's
+    gradient is the same): the cpu screen at the token level changes the mask only."""
+    import torch
+
+    from vgrpo.sampling import inverse_cdf_sampling
+    from vgrpo.shapes import load_dataset
+    from vgrpo.training import build_trainer
+
+    rows = load_dataset(tiny_dataset, ("train",))["train"]
+
+    def adapters_after_one_step(quantile: float, level: str, run: str) -> dict:
+        config = tiny_config(top_entropy_quantile=quantile, importance_sampling_level=level, max_steps=1,
+                             save_steps=10, eval_steps=0, max_grad_norm=1e9)  # no clipping: compare gradients
+        model, processor = lora_model(tiny_base, config)
+        trainer = build_trainer(config, model, processor, rows, [length_reward], [1.0], tmp_path / run)
+        trainer.create_optimizer()
+        trainer.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the gradient itself, not Adam's sign
+        start = trainable_weights(model)
+        with inverse_cdf_sampling():
+            trainer.train()
+        after = trainable_weights(model)
+        assert any(not torch.equal(start[n], after[n]) for n in start), f"{quantile}, {level}: nothing moved"
+        return {n: after[n] - start[n] for n in start}
+
+    every, every_again = adapters_after_one_step(1.0, "token", "a"), adapters_after_one_step(1.0, "token", "b")
+    sequence, masked = adapters_after_one_step(1.0, "sequence", "c"), adapters_after_one_step(0.2, "token", "d")
+    assert all(torch.equal(every[n], every_again[n]) for n in every)
+    assert all(torch.allclose(every[n], sequence[n], rtol=1e-4, atol=1e-7) for n in every)
+    assert any(not torch.allclose(every[n], masked[n], rtol=1e-2, atol=1e-6) for n in every)
+
+
 def test_vision_lr_scale_zero_freezes_the_vision_lora(tiny_base):
     model, _ = lora_model(tiny_base, tiny_config(vision_lr_scale=0.0))
     assert models.trainable_summary(model)["vision"] == 0
