@@ -248,6 +248,7 @@ def test_the_advantage_weight_changes_what_one_step_learns(tiny_base, tiny_datas
     assert any(not torch.equal(full[n], weighed[n]) for n in full)
 
 
+@pytest.mark.slow  # four real GRPO steps (about half a minute): the suite runs it, the fast tier leaves it out
 def test_the_entropy_mask_changes_what_one_step_learns(tiny_base, tiny_dataset, tmp_path):
     """`train.top_entropy_quantile` reaches TRL's loss: one real step at the token level from the same start and
     seed leaves the same adapters twice with every token kept and other adapters with the top fifth by entropy.
