@@ -123,10 +123,10 @@ def slot_slips(rows: list[dict], model: str) -> tuple[int, int]:
     return slips, missed
 
 
-def same_answer(rows: list[dict], other_rows: list[dict]) -> float | None:
-    """The share of images on which two trained models' answers are the same number."""
-    answers = {r["id"]: r["parsed"] for r in rows if r["model"] == "trained"}
-    others = {r["id"]: r["parsed"] for r in other_rows if r["model"] == "trained"}
+def same_answer(rows: list[dict], other_rows: list[dict], model: str = "trained") -> float | None:
+    """The share of images on which two runs' `model` answers are the same number."""
+    answers = {r["id"]: r["parsed"] for r in rows if r["model"] == model}
+    others = {r["id"]: r["parsed"] for r in other_rows if r["model"] == model}
     shared = [i for i in answers if i in others]
     return sum(answers[i] == others[i] for i in shared) / len(shared) if shared else None
 
@@ -252,12 +252,18 @@ def seeds_interval(per_seed: list[float]) -> str:
     return "" if interval is None else f", over the seeds (t) [{interval[0] * 100:+.1f}, {interval[1] * 100:+.1f}]"
 
 
+def echo_gap(rows: dict[int, dict], key: str, label: str) -> None:
+    """The line `GRPO minus <label>` against every seed's run `key`, with both intervals and the range; none
+    where a seed lacks that run."""
+    if all(r["runs"][key] for r in rows.values()):
+        diffs, (low, high) = paired_difference(rows, dict.fromkeys(rows, key))
+        click.echo(f"GRPO minus {label}: mean {statistics.mean(diffs) * 100:+.1f} points [{low * 100:+.1f}, "
+                   f"{high * 100:+.1f}]{seeds_interval(diffs)}, range {min(diffs) * 100:+.1f} to "
+                   f"{max(diffs) * 100:+.1f}")
+
+
 def share(value) -> str:
     return "-" if value is None else f"{value:.1%}"
-
-
-def parsed_by_id(rows: list[dict], model: str) -> dict[str, int | None]:
-    return {r["id"]: r["parsed"] for r in rows if r["model"] == model}
 
 
 def against_figures(folder: Path, against: Path, split: str) -> dict:
@@ -274,12 +280,10 @@ def against_figures(folder: Path, against: Path, split: str) -> dict:
                                    f"{mine.get(differing[0])!r} here and {theirs.get(differing[0])!r} there")
     evaluated = records(folder / "repo/reports/eval/predictions.jsonl", split)
     others = records(other / "repo/reports/eval/predictions.jsonl", split)
-    described, other_described = parsed_by_id(evaluated, "base_described"), parsed_by_id(others, "base_described")
-    alike = [described[i] == other_described[i] for i in described if i in other_described]
     return {"runs": {"grpo": correct_by_id(evaluated, "trained"), "their_grpo": correct_by_id(others, "trained"),
                      "their_rft": correct_by_id(records(other / "repo/controls/rft/eval/predictions.jsonl", split),
                                                 "trained")},
-            "same_warm_start": sum(alike) / len(alike) if alike else None}
+            "same_warm_start": same_answer(evaluated, others, "base_described")}
 
 
 def report_against(folders: list[Path], against: Path, split: str) -> None:
@@ -290,11 +294,7 @@ def report_against(folders: list[Path], against: Path, split: str) -> None:
         click.echo(f"against {against}: the two warm starts made to describe give the same answer on "
                    f"{statistics.mean(alike):.1%} of the images (mean over {len(alike)} seeds)")
     for key, label in (("their_grpo", "GRPO"), ("their_rft", "RFT")):
-        if all(r["runs"][key] for r in rows.values()):
-            diffs, (low, high) = paired_difference(rows, dict.fromkeys(rows, key))
-            click.echo(f"GRPO minus {against}'s {label}: mean {statistics.mean(diffs) * 100:+.1f} points "
-                       f"[{low * 100:+.1f}, {high * 100:+.1f}]{seeds_interval(diffs)}, range "
-                       f"{min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f}")
+        echo_gap(rows, key, f"{against}'s {label}")
 
 
 def report(work: Path, split: str, against: Path | None = None) -> None:
@@ -329,11 +329,7 @@ def report(work: Path, split: str, against: Path | None = None) -> None:
                f"{min(per_seed) * 100:+.1f} to {max(per_seed) * 100:+.1f}")
     for key, label in (("greedy", "the warm start, greedy"), ("described", "the warm start made to describe"),
                        ("rft", "RFT"), ("full_label_sft", "full-label SFT")):
-        if all(r["runs"][key] for r in rows.values()):
-            diffs, (low, high) = paired_difference(rows, dict.fromkeys(rows, key))
-            click.echo(f"GRPO minus {label}: mean {statistics.mean(diffs) * 100:+.1f} points [{low * 100:+.1f}, "
-                       f"{high * 100:+.1f}]{seeds_interval(diffs)}, range {min(diffs) * 100:+.1f} to "
-                       f"{max(diffs) * 100:+.1f}")
+        echo_gap(rows, key, label)
     for name, label in PASS_LABELS.items():
         found = [r["pass"][name] for r in rows.values() if r["pass"].get(name)]
         if found:

@@ -74,6 +74,7 @@ def test_the_report_gives_the_interval_with_the_seed_as_the_unit_from_two_seeds_
     assert seeds_interval([0.158, -0.017, 0.033, -0.025, 0.067]) == ", over the seeds (t) [-4.9, +13.6]"
     assert seeds_interval([0.05]) == ""
 
+
 def test_a_lever_is_paired_with_another_folders_grpo_and_rft_on_the_same_seeds_images(tmp_path, capsys):
     """`--report --against W`: a lever run with --no-controls, minus the profile's GRPO and RFT of the same seeds,
     image by image; the warm starts' agreement is printed; another dataset or an unfinished seed there stops in

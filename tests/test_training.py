@@ -267,7 +267,6 @@ def test_the_entropy_mask_changes_what_one_step_learns(tiny_base, tiny_dataset, 
                              save_steps=10, eval_steps=0, max_grad_norm=1e9)  # no clipping: compare gradients
         model, processor = lora_model(tiny_base, config)
         trainer = build_trainer(config, model, processor, rows, [length_reward], [1.0], tmp_path / run)
-        trainer.create_optimizer()
         trainer.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the gradient itself, not Adam's sign
         start = trainable_weights(model)
         with inverse_cdf_sampling():
