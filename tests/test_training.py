@@ -220,6 +220,48 @@ def test_the_trainer_weighs_its_own_rollouts_advantages(tiny_base, tiny_dataset,
     assert torch.allclose(weighed, torch.where(plain > 0, plain * 0.25, plain))
 
 
+def test_a_fixed_baseline_gives_groups_without_spread_an_advantage():
+    import torch
+
+    from vgrpo.training import fixed_baseline_advantages
+
+    # two groups of four at the cpu profile's rewards: one all wrong (no spread), one mixed
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 3.0, 1.0, -1.0, float("nan")])
+    assert fixed_baseline_advantages(rewards, 2.0).tolist() == [-1.0, -1.0, -1.0, -1.0, 1.0, -1.0, -3.0, 0.0]
+
+
+def test_the_trainer_takes_advantages_against_a_fixed_baseline(tiny_base, tiny_dataset, tmp_path):
+    """`train.advantage_baseline` reaches the loss: the same rollouts (same seed) scored by TRL's GRPOTrainer
+    (reward minus the group's mean) and by ours (reward minus the baseline) differ by each group's mean less the
+    baseline, so within a group the two advantages differ by one constant; the W-REINFORCE weight applies on top."""
+    import torch
+    from trl import GRPOTrainer
+
+    from vgrpo.shapes import load_dataset
+    from vgrpo.training import build_trainer
+
+    config = tiny_config(advantage_baseline=30.0, positive_advantage_weight=0.5)
+    lora, processor = lora_model(tiny_base, config)
+    trainer = build_trainer(config, lora, processor, load_dataset(tiny_dataset, ("train",))["train"],
+                            [length_reward], [1.0], tmp_path / "ckpt")
+    inputs = next(iter(trainer.get_train_dataloader()))
+    lora.train()
+    torch.manual_seed(0)
+    plain = GRPOTrainer._generate_and_score_completions(trainer, inputs)["advantages"]
+    rewards = trainer.last_rewards.clone()
+    assert trainer.advantage_baseline == 30.0  # the knob reached the trainer; a baseline inside the lengths drawn:
+    trainer.advantage_baseline = baseline = float(rewards.median())
+    torch.manual_seed(0)
+    fixed = trainer._generate_and_score_completions(inputs)["advantages"]
+    assert torch.equal(trainer.last_rewards, rewards)  # the same rollouts
+    expected = rewards - baseline
+    assert (expected > 0).any() and (expected < 0).any()
+    assert torch.allclose(fixed, torch.where(expected > 0, expected * 0.5, expected))
+    group_means = rewards.view(-1, config.train.num_generations).mean(-1, keepdim=True)
+    assert torch.allclose(plain.view(-1, config.train.num_generations), rewards.view(-1, config.train.num_generations)
+                          - group_means)
+
+
 def test_the_advantage_weight_changes_what_one_step_learns(tiny_base, tiny_dataset, tmp_path):
     """The knob's effect, not only its tensor: one real step from the same start and seed leaves the same
     adapters twice at weight 1 (so a difference is the knob's, not noise) and other adapters at 0.25."""

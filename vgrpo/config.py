@@ -167,6 +167,8 @@ class TrainParams:
     beta: float = knob(ge=0)  # KL coefficient
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"]
     scale_rewards: Literal["group", "batch", "none"]  # divide advantages by the reward std of the group/batch, or not
+    advantage_baseline: float | None  # null: each answer's reward minus its group's mean (GRPO's); a number: minus
+                                      # that fixed reward, so an all-wrong group still learns (REINFORCE's)
     positive_advantage_weight: float = knob(ge=0, le=1)  # advantages above 0 times this (W-REINFORCE, arXiv
                                                         # 2506.01347: wrong answers pushed down harder); 1: off
     importance_sampling_level: Literal["token", "sequence"]
@@ -468,6 +470,12 @@ def _check_relations(config: Config, source: str) -> None:
     if t.prompt_oversampling > 1 and t.per_device_train_batch_size % t.num_generations:
         fail("train.prompt_oversampling", f"needs whole groups per step: per_device_train_batch_size "
              f"{t.per_device_train_batch_size} is not a multiple of num_generations {t.num_generations}")
+    if t.advantage_baseline is not None and t.prompt_oversampling > 1:
+        fail("train.advantage_baseline", "dynamic sampling picks groups by their spread around the group's mean: "
+             "set train.prompt_oversampling: 1 with a fixed baseline")
+    if t.advantage_baseline is not None and t.scale_rewards != "none":
+        fail("train.advantage_baseline", f"a fixed baseline's advantages are not divided by a reward std: set "
+             f"train.scale_rewards: none (got {t.scale_rewards})")
     if t.top_entropy_quantile < 1 and t.importance_sampling_level == "sequence":
         fail("train.top_entropy_quantile", "needs train.importance_sampling_level: token (at the sequence level "
              "every token's loss is the answer's mean ratio, so the mask only rescales each answer's loss)")

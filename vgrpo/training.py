@@ -110,14 +110,17 @@ def scaled_optimizer(trainer: Trainer, vision_lr_scale: float):
 class VisionScaledGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose optimizer gives the vision tower's LoRA its own learning rate, whose LoRA weights
     stay in float32 on a 4-bit base, which, with `groups_per_step`, trains each step on that many of the
-    groups it sampled, those with reward spread first (dynamic sampling), and which weighs positive
-    advantages by `positive_advantage_weight`."""
+    groups it sampled, those with reward spread first (dynamic sampling), which, with `advantage_baseline`,
+    takes each answer's advantage against that fixed reward in place of its group's mean, and which weighs
+    positive advantages by `positive_advantage_weight`."""
 
     def __init__(self, *args, vision_lr_scale: float = 1.0, groups_per_step: int | None = None,
-                 positive_advantage_weight: float = 1.0, **kwargs):
+                 advantage_baseline: float | None = None, positive_advantage_weight: float = 1.0, **kwargs):
         self.vision_lr_scale = vision_lr_scale
         self.groups_per_step = groups_per_step
+        self.advantage_baseline = advantage_baseline
         self.positive_advantage_weight = positive_advantage_weight
+        self.last_rewards = None
         super().__init__(*args, **kwargs)
         if models.is_quantized(self.model):  # undo TRL's bfloat16 cast of the LoRA weights (models.py says why)
             models.keep_trainable_in_float32(self.model)
@@ -129,14 +132,32 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
         if self.groups_per_step is not None:
             batch, kept_without_spread = keep_groups_with_spread(batch, self.num_generations, self.groups_per_step)
             self._metrics["train"]["frac_kept_reward_zero_std"].append(kept_without_spread)
+        if self.advantage_baseline is not None:
+            rows = batch["advantages"].size(0)
+            mine = self.last_rewards[self.accelerator.process_index * rows:][:rows]  # TRL's process slice
+            batch["advantages"] = fixed_baseline_advantages(mine, self.advantage_baseline).to(batch["advantages"])
         if self.positive_advantage_weight != 1.0:
             batch["advantages"] = weigh_positive_advantages(batch["advantages"], self.positive_advantage_weight)
         return batch
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # the weighted sum TRL takes next (every process's rows), kept for a fixed baseline
+        self.last_rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        return rewards_per_func
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
             self.optimizer = scaled_optimizer(self, self.vision_lr_scale)
         return self.optimizer
+
+
+def fixed_baseline_advantages(rewards: torch.Tensor, baseline: float) -> torch.Tensor:
+    """REINFORCE's advantages against a fixed baseline: reward minus `baseline`, whatever the group drew. Unlike
+    GRPO's group mean, a group whose answers are all wrong still pushes them down (with the cpu profile's rewards,
+    a well-formed right answer scores 3 and a well-formed wrong one 1, so a baseline of 2 gives +1 and -1: with
+    `positive_advantage_weight: 0.1` that is W-REINFORCE as its paper writes it, arXiv 2506.01347)."""
+    return torch.nan_to_num(rewards - baseline, nan=0.0)
 
 
 def weigh_positive_advantages(advantages: torch.Tensor, weight: float) -> torch.Tensor:
@@ -248,6 +269,7 @@ def build_trainer(config: Config, model, processor, train_dataset, reward_funcs,
         vision_lr_scale=config.train.vision_lr_scale,
         groups_per_step=(config.train.per_device_train_batch_size // config.train.num_generations
                          if config.train.prompt_oversampling > 1 else None),
+        advantage_baseline=config.train.advantage_baseline,
         positive_advantage_weight=config.train.positive_advantage_weight,
     )
 
