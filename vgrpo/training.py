@@ -133,6 +133,9 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
             batch, kept_without_spread = keep_groups_with_spread(batch, self.num_generations, self.groups_per_step)
             self._metrics["train"]["frac_kept_reward_zero_std"].append(kept_without_spread)
         if self.advantage_baseline is not None:
+            if self.last_rewards is None:  # a backend whose trainer scores rewards elsewhere (a patched TRL)
+                raise RuntimeError("train.advantage_baseline: this trainer never passed its rewards through "
+                                   "_calculate_rewards, so there is nothing to take the baseline from")
             rows = batch["advantages"].size(0)
             mine = self.last_rewards[self.accelerator.process_index * rows:][:rows]  # TRL's process slice
             batch["advantages"] = fixed_baseline_advantages(mine, self.advantage_baseline).to(batch["advantages"])
