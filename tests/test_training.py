@@ -196,6 +196,20 @@ def trainable_weights(model) -> dict:
     return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
+def trainer_and_first_batch(config, tiny_base, tiny_dataset, tmp_path):
+    """Our trainer on the tiny base with `length_reward` (every group has reward spread), in train mode, and
+    its first batch of prompts."""
+    from vgrpo.shapes import load_dataset
+    from vgrpo.training import build_trainer
+
+    lora, processor = lora_model(tiny_base, config)  # its own: a trainer with beta > 0 adds a `ref` adapter
+    trainer = build_trainer(config, lora, processor, load_dataset(tiny_dataset, ("train",))["train"],
+                            [length_reward], [1.0], tmp_path / "ckpt")
+    inputs = next(iter(trainer.get_train_dataloader()))
+    lora.train()
+    return trainer, inputs
+
+
 def test_the_trainer_weighs_its_own_rollouts_advantages(tiny_base, tiny_dataset, tmp_path):
     """`train.positive_advantage_weight` reaches the loss: the same rollouts (same seed), scored by TRL's
     GRPOTrainer and by ours, differ only where an answer beat its group's mean (`length_reward` gives both
@@ -203,15 +217,8 @@ def test_the_trainer_weighs_its_own_rollouts_advantages(tiny_base, tiny_dataset,
     import torch
     from trl import GRPOTrainer
 
-    from vgrpo.shapes import load_dataset
-    from vgrpo.training import build_trainer
-
-    config = tiny_config(positive_advantage_weight=0.25)
-    lora, processor = lora_model(tiny_base, config)  # its own: a trainer with beta > 0 adds a `ref` adapter
-    trainer = build_trainer(config, lora, processor, load_dataset(tiny_dataset, ("train",))["train"],
-                            [length_reward], [1.0], tmp_path / "ckpt")
-    inputs = next(iter(trainer.get_train_dataloader()))
-    lora.train()
+    trainer, inputs = trainer_and_first_batch(tiny_config(positive_advantage_weight=0.25), tiny_base, tiny_dataset,
+                                              tmp_path)
     torch.manual_seed(0)
     plain = GRPOTrainer._generate_and_score_completions(trainer, inputs)["advantages"]
     torch.manual_seed(0)
@@ -231,21 +238,15 @@ def test_a_fixed_baseline_gives_groups_without_spread_an_advantage():
 
 
 def test_the_trainer_takes_advantages_against_a_fixed_baseline(tiny_base, tiny_dataset, tmp_path):
-    """`train.advantage_baseline` reaches the loss: the same rollouts (same seed) scored by TRL's GRPOTrainer
-    (reward minus the group's mean) and by ours (reward minus the baseline) differ by each group's mean less the
-    baseline, so within a group the two advantages differ by one constant; the W-REINFORCE weight applies on top."""
+    """`train.advantage_baseline` reaches the advantages the loss takes: the same rollouts (same seed) scored by
+    TRL's GRPOTrainer (reward minus the group's mean) and by ours (reward minus the baseline) differ by each group's
+    mean less the baseline, so within a group the two advantages differ by one constant; the W-REINFORCE weight
+    applies on top."""
     import torch
     from trl import GRPOTrainer
 
-    from vgrpo.shapes import load_dataset
-    from vgrpo.training import build_trainer
-
     config = tiny_config(advantage_baseline=30.0, positive_advantage_weight=0.5)
-    lora, processor = lora_model(tiny_base, config)
-    trainer = build_trainer(config, lora, processor, load_dataset(tiny_dataset, ("train",))["train"],
-                            [length_reward], [1.0], tmp_path / "ckpt")
-    inputs = next(iter(trainer.get_train_dataloader()))
-    lora.train()
+    trainer, inputs = trainer_and_first_batch(config, tiny_base, tiny_dataset, tmp_path)
     torch.manual_seed(0)
     plain = GRPOTrainer._generate_and_score_completions(trainer, inputs)["advantages"]
     rewards = trainer.last_rewards.clone()
@@ -262,9 +263,10 @@ def test_the_trainer_takes_advantages_against_a_fixed_baseline(tiny_base, tiny_d
                           - group_means)
 
 
-def test_the_advantage_weight_changes_what_one_step_learns(tiny_base, tiny_dataset, tmp_path):
-    """The knob's effect, not only its tensor: one real step from the same start and seed leaves the same
-    adapters twice at weight 1 (so a difference is the knob's, not noise) and other adapters at 0.25."""
+def test_the_advantage_knobs_change_what_one_step_learns(tiny_base, tiny_dataset, tmp_path):
+    """The knobs' effect, not only their tensors: one real step from the same start and seed leaves the same
+    adapters twice at weight 1 (so a difference is a knob's, not noise), other adapters at 0.25, and others
+    again against a fixed baseline of 0 (every length pulled up, none pushed down)."""
     import torch
 
     from vgrpo.sampling import inverse_cdf_sampling
@@ -273,8 +275,9 @@ def test_the_advantage_weight_changes_what_one_step_learns(tiny_base, tiny_datas
 
     rows = load_dataset(tiny_dataset, ("train",))["train"]
 
-    def adapters_after_one_step(weight: float, run: str) -> dict:
-        config = tiny_config(positive_advantage_weight=weight, max_steps=1, save_steps=10, eval_steps=0)
+    def adapters_after_one_step(weight: float, run: str, baseline: float | None = None) -> dict:
+        config = tiny_config(positive_advantage_weight=weight, advantage_baseline=baseline, max_steps=1,
+                             save_steps=10, eval_steps=0)
         model, processor = lora_model(tiny_base, config)
         start = trainable_weights(model)
         trainer = build_trainer(config, model, processor, rows, [length_reward], [1.0], tmp_path / run)
@@ -286,8 +289,10 @@ def test_the_advantage_weight_changes_what_one_step_learns(tiny_base, tiny_datas
 
     full, full_again, weighed = (adapters_after_one_step(1.0, "a"), adapters_after_one_step(1.0, "b"),
                                  adapters_after_one_step(0.25, "c"))
+    against_zero = adapters_after_one_step(1.0, "d", baseline=0.0)
     assert all(torch.equal(full[n], full_again[n]) for n in full)
     assert any(not torch.equal(full[n], weighed[n]) for n in full)
+    assert any(not torch.equal(full[n], against_zero[n]) for n in full)
 
 
 @pytest.mark.slow  # four real GRPO steps (about half a minute): the suite runs it, the fast tier leaves it out
