@@ -729,3 +729,31 @@ def test_killed_run_resumes_from_its_last_checkpoint(tiny_dataset, tiny_base, tm
              (tmp_path / "reports/plots/metrics/train/reward.tsv").read_text().splitlines()[1:]]
     assert steps == [str(i) for i in range(1, 7)]  # one row per step: no gap, no repeat
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+
+
+class CountingProcessor:
+    """A logits processor that leaves the scores as they are and counts the generation steps it saw."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def __call__(self, input_ids, scores):
+        self.steps += 1
+        return scores
+
+
+def test_the_trainers_rollouts_run_its_logits_processors_and_generate_is_restored(tiny_base, tiny_dataset, tmp_path):
+    """`train.answer_temperature` gives the trainer its processor, and TRL's rollouts run what it holds."""
+    from vgrpo.answer_sampling import AnswerTemperature
+
+    trainer, inputs = trainer_and_first_batch(tiny_config(answer_temperature=1.4), tiny_base, tiny_dataset, tmp_path)
+    assert [type(p) for p in trainer.logits_processors] == [AnswerTemperature]  # build_trainer reads the knob
+    counting = CountingProcessor()
+    trainer.logits_processors = [counting]
+    trainer._generate_and_score_completions(inputs)
+    assert counting.steps > 0  # TRL's generate ran it at every generated token
+    assert "generate" not in trainer.model.__dict__  # the model's own generate again
+    steps = counting.steps
+    trainer.logits_processors = []
+    trainer._generate_and_score_completions(inputs)
+    assert counting.steps == steps

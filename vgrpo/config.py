@@ -162,6 +162,8 @@ class TrainParams:
     max_prompt_length: int = knob(ge=16)
     max_completion_length: int = knob(ge=1)
     temperature: float = knob(gt=0)
+    answer_temperature: float | None = knob(gt=0)  # the answer's number sampled at this (reasoning at temperature);
+                                                   # null: at temperature (vgrpo/answer_sampling.py says why)
     top_p: float = knob(gt=0, le=1)
     top_k: int = knob(ge=0)  # rollouts sample from the k likeliest tokens; 0: all of them (TRL's default)
     beta: float = knob(ge=0)  # KL coefficient
@@ -479,6 +481,9 @@ def _check_relations(config: Config, source: str) -> None:
     if t.top_entropy_quantile < 1 and t.importance_sampling_level == "sequence":
         fail("train.top_entropy_quantile", "needs train.importance_sampling_level: token (at the sequence level "
              "every token's loss is the answer's mean ratio, so the mask only rescales each answer's loss)")
+    if t.use_vllm and t.answer_temperature is not None:
+        fail("train.answer_temperature", "vLLM samples the rollouts with its own settings: set "
+             "train.use_vllm: false to sample the answer token hotter")
     if t.use_vllm and t.finetune_vision_layers:
         fail("train.use_vllm", "vLLM cannot apply LoRA to vision layers: set train.finetune_vision_layers: false "
              "to generate with vLLM, or train.use_vllm: false to keep the vision LoRA")

@@ -51,22 +51,25 @@ def as_examples(rows, answers: list[str]):
 
 
 def verified_samples(model, processor, prompts, config: Config) -> tuple[list, list[str], dict]:
-    """RFT's data: num_generations answers per prompt sampled as GRPO samples (its temperature, top_p, top_k;
-    inverse-CDF draws on a CPU), the right ones kept. Returns the kept rows, their answers and the counts."""
+    """RFT's data: num_generations answers per prompt sampled as GRPO samples (its temperature, answer
+    temperature, top_p, top_k; inverse-CDF draws on a CPU), the right ones kept. Returns the kept rows, their
+    answers and the counts."""
     from contextlib import nullcontext
 
+    from vgrpo.answer_sampling import answer_processors
     from vgrpo.generation import generate
     from vgrpo.sampling import inverse_cdf_sampling
 
     t = config.train
     rows = [prompts[i] for i in range(len(prompts)) for _ in range(t.num_generations)]
+    processors = answer_processors(processor.tokenizer, t.temperature, t.answer_temperature)
     texts = []
     torch.manual_seed(t.seed)
     with nullcontext() if torch.cuda.is_available() else inverse_cdf_sampling():
         for begin in range(0, len(rows), t.per_device_train_batch_size):
             batch = rows[begin:begin + t.per_device_train_batch_size]
             ids = generate(model, processor, batch, t.max_completion_length, do_sample=True,
-                           temperature=t.temperature, top_p=t.top_p, top_k=t.top_k)
+                           temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, logits_processors=processors)
             texts += processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
     right = REWARDS["correctness_tags"](texts, answer=[row["answer"] for row in rows])
     kept = [(row, text) for row, text, reward in zip(rows, texts, right, strict=True) if reward > 0]

@@ -273,7 +273,8 @@ def sampled_pass_rates(model, processor, splits: dict, names: tuple[str, ...], p
             torch.manual_seed(params.seed)
             with as_model(model, name):
                 right = right_answers(model, processor, chosen, n, params.max_new_tokens, train.temperature,
-                                      train.top_p, train.top_k, params.batch_size, forbidden.get(name))
+                                      train.top_p, train.top_k, params.batch_size, forbidden.get(name),
+                                      train.answer_temperature)
             # each image's right answers too: two models' pass@k can then be compared image by image
             passes[(split, name)] = {**pass_rates(right, n, params.pass_k), "images": images, "samples_per_image": n,
                                      "right_per_image": right}

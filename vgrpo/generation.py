@@ -6,6 +6,7 @@ of where a model comes from."""
 from __future__ import annotations
 
 import torch
+from transformers import LogitsProcessorList
 
 from vgrpo.prompts import hf_messages, parse_answer
 from vgrpo.rewards import REWARDS
@@ -31,14 +32,15 @@ def append_tokens(inputs, tokens: torch.Tensor) -> dict:
 @torch.no_grad()
 def generate(model, processor, rows, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
              bad_words_ids: list[list[int]] | None = None, top_p: float = 1.0, top_k: int = 0,
-             ) -> list[list[int]]:
+             logits_processors: list | None = None) -> list[list[int]]:
     """Completion token ids for a batch of rows (left padding, so all prompts end together); greedy
     unless `do_sample` (at `temperature`, `top_p`, `top_k`: 0 for the whole vocabulary); never the token
-    sequences in `bad_words_ids`."""
+    sequences in `bad_words_ids`; `logits_processors` run after the sampling settings."""
     inputs = batch_inputs(processor, rows, model.device)
     sampling = ({"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k} if do_sample
                 else {"do_sample": False})
-    output = model.generate(**inputs, max_new_tokens=max_new_tokens, bad_words_ids=bad_words_ids, **sampling)
+    output = model.generate(**inputs, max_new_tokens=max_new_tokens, bad_words_ids=bad_words_ids,
+                            logits_processor=LogitsProcessorList(logits_processors or []), **sampling)
     new = output[:, inputs["input_ids"].shape[1]:]
     stop = {processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id}
     completions = []

@@ -23,17 +23,21 @@ def pass_at_k(n: int, right: int, k: int) -> float:
 
 
 def right_answers(model, processor, rows, n: int, max_new_tokens: int, temperature: float, top_p: float,
-                  top_k: int, batch_size: int, bad_words_ids=None) -> list[int]:
-    """For each row, how many of n sampled answers are right. A batch holds copies of one or more rows."""
+                  top_k: int, batch_size: int, bad_words_ids=None,
+                  answer_temperature: float | None = None) -> list[int]:
+    """For each row, how many of n sampled answers are right (the answer's number at `answer_temperature`
+    where set). A batch holds copies of one or more rows."""
     # imported here: the estimate above serves reports (bench/cpu_seeds.py) that load no model
     import torch
 
+    from vgrpo.answer_sampling import answer_processors
     from vgrpo.generation import generate
     from vgrpo.prompts import parse_answer
     from vgrpo.sampling import inverse_cdf_sampling
 
     copies = [row for row in rows for _ in range(n)]
-    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}  # top_k 0: no cut, as in TRL
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k,  # top_k 0: no cut, as in TRL
+                "logits_processors": answer_processors(processor.tokenizer, temperature, answer_temperature)}
     texts = []
     with torch.no_grad(), nullcontext() if torch.cuda.is_available() else inverse_cdf_sampling():
         for begin in range(0, len(copies), batch_size):

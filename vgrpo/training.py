@@ -14,15 +14,17 @@ import logging
 import shutil
 import time
 from collections import Counter
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import LogitsProcessorList, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from vgrpo import base, memory, models
+from vgrpo.answer_sampling import answer_processors
 from vgrpo.config import Config, ConfigError, TrainParams
 from vgrpo.curves import LiveCurves
 from vgrpo.devices import trainer_precision
@@ -111,22 +113,26 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose optimizer gives the vision tower's LoRA its own learning rate, whose LoRA weights
     stay in float32 on a 4-bit base, which, with `groups_per_step`, trains each step on that many of the
     groups it sampled, those with reward spread first (dynamic sampling), which, with `advantage_baseline`,
-    takes each answer's advantage against that fixed reward in place of its group's mean, and which weighs
-    positive advantages by `positive_advantage_weight`."""
+    takes each answer's advantage against that fixed reward in place of its group's mean, which weighs
+    positive advantages by `positive_advantage_weight`, and which samples with `logits_processors` (the
+    answer token hotter: vgrpo/answer_sampling.py)."""
 
     def __init__(self, *args, vision_lr_scale: float = 1.0, groups_per_step: int | None = None,
-                 advantage_baseline: float | None = None, positive_advantage_weight: float = 1.0, **kwargs):
+                 advantage_baseline: float | None = None, positive_advantage_weight: float = 1.0,
+                 logits_processors: list | None = None, **kwargs):
         self.vision_lr_scale = vision_lr_scale
         self.groups_per_step = groups_per_step
         self.advantage_baseline = advantage_baseline
         self.positive_advantage_weight = positive_advantage_weight
+        self.logits_processors = list(logits_processors or [])
         self.last_rewards = None
         super().__init__(*args, **kwargs)
         if models.is_quantized(self.model):  # undo TRL's bfloat16 cast of the LoRA weights (models.py says why)
             models.keep_trainable_in_float32(self.model)
 
     def _generate_and_score_completions(self, inputs):
-        batch = super()._generate_and_score_completions(inputs)
+        with generation_with(self.model, self.logits_processors):
+            batch = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return batch
         if self.groups_per_step is not None:
@@ -153,6 +159,24 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
         if self.optimizer is None:
             self.optimizer = scaled_optimizer(self, self.vision_lr_scale)
         return self.optimizer
+
+
+@contextmanager
+def generation_with(model, logits_processors: list):
+    """While active, `model.generate` also runs `logits_processors`. TRL's rollouts call the unwrapped model's
+    generate with a GenerationConfig, which has no field for custom processors."""
+    if not logits_processors:
+        yield
+        return
+    own = model.__dict__.get("generate")  # a generate a backend set on the instance, kept as it was
+    model.generate = partial(model.generate, logits_processor=LogitsProcessorList(logits_processors))
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.generate
+        else:
+            model.generate = own
 
 
 def fixed_baseline_advantages(rewards: torch.Tensor, baseline: float) -> torch.Tensor:
@@ -274,6 +298,8 @@ def build_trainer(config: Config, model, processor, train_dataset, reward_funcs,
                          if config.train.prompt_oversampling > 1 else None),
         advantage_baseline=config.train.advantage_baseline,
         positive_advantage_weight=config.train.positive_advantage_weight,
+        logits_processors=answer_processors(processor.tokenizer, config.train.temperature,
+                                            config.train.answer_temperature),
     )
 
 
