@@ -31,6 +31,16 @@ def test_sampling_benchmark():
     assert re.search(r"speed-up +: +[\d.]+x", out)
 
 
+def test_answer_temperature_benchmark_prints_each_sampler(tiny_pipeline):
+    out = run(["python", str(ROOT / "bench/answer_temperature.py"), "--repo", str(tiny_pipeline), "--images", "2",
+               "--answer-temperature", "1.4", "--answer-temperature", "2.0"], ROOT).stdout
+    figures = (r"right [\d.]+, described [\d.]+, right among described [\d.]+, malformed [\d.]+, "
+               r"groups of 4 with spread [\d.]+, pass@8 [\d.]+")
+    assert re.search("^as they come: " + figures + "$", out, re.M)
+    for temperature in ("1.4", "2.0"):
+        assert re.search(f"^answer token at {temperature} among the digits: " + figures + "$", out, re.M)
+
+
 def test_cpu_run_picture_without_plots_says_so_in_one_line(tmp_path):
     code = ("import sys; from pathlib import Path; sys.path.insert(0, 'bench'); import cpu_run; "
             f"cpu_run.picture(Path({str(tmp_path)!r}), Path({str(tmp_path / 'x.png')!r}))")
