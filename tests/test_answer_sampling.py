@@ -30,6 +30,7 @@ def test_only_rows_at_the_answer_are_scaled_and_kept_to_the_allowed_tokens():
     inf = float("-inf")
     assert torch.equal(out, torch.tensor([[1.0, -2.0, inf], [2.0, -4.0, 9.0], [1.0, -2.0, inf]]))
     assert torch.equal(scores, torch.tensor([[2.0, -4.0, 9.0]] * 3))  # the caller's scores are left as they were
+    assert processor.answers == 2
     assert torch.equal(processor(torch.tensor([[6]]), scores[:1]), scores[:1])  # shorter than the opening
 
 

@@ -683,6 +683,7 @@ def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tiny_base, 
 
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["backend"] == "hf" and metrics["steps"] == 4
+    assert metrics["answers_sampled_hotter"] is None  # train.answer_temperature is off
     # every rollout token was drawn by the inverse-CDF sampler (vgrpo/sampling.py): one call per new token
     # of each step's generate (one call per step here), none by torch's multinomial
     max_new_tokens = tiny_config().train.max_completion_length
@@ -748,6 +749,13 @@ def test_the_trainers_rollouts_run_its_logits_processors_and_generate_is_restore
 
     trainer, inputs = trainer_and_first_batch(tiny_config(answer_temperature=1.4), tiny_base, tiny_dataset, tmp_path)
     assert [type(p) for p in trainer.logits_processors] == [AnswerTemperature]  # build_trainer reads the knob
+    (hotter,) = trainer.logits_processors
+    batch = trainer._generate_and_score_completions(inputs)
+    opening = hotter.opening.tolist()
+    reached = sum(ids[i:i + len(opening)].tolist() == opening for ids, mask in
+                  zip(batch["completion_ids"], batch["completion_mask"], strict=True)
+                  for i in range(int(mask.sum()) - len(opening)))  # an opening with a token after it, unpadded
+    assert hotter.answers == reached  # one hotter draw per answer that reached `><SOLUTION>`, on any CPU
     counting = CountingProcessor()
     trainer.logits_processors = [counting]
     trainer._generate_and_score_completions(inputs)

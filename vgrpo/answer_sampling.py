@@ -42,12 +42,14 @@ def digit_ids(tokenizer) -> list[int]:
 class AnswerTemperature(LogitsProcessor):
     """In the rows whose last tokens are `opening_ids`, keeps only the `allowed_ids` and divides their scores
     by `scale`. Custom processors run after `generate`'s own temperature, so a scale of
-    answer_temperature / temperature samples the answer token at answer_temperature."""
+    answer_temperature / temperature samples the answer token at answer_temperature. `answers` counts the
+    rows it drew that way (train reports it: a knob that never fired shows as 0)."""
 
     def __init__(self, opening_ids: list[int], allowed_ids: list[int], scale: float):
         self.opening = torch.tensor(opening_ids)
         self.allowed = torch.tensor(allowed_ids)
         self.scale = scale
+        self.answers = 0
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         width = self.opening.numel()
@@ -56,6 +58,7 @@ class AnswerTemperature(LogitsProcessor):
         at_answer = (input_ids[:, -width:] == self.opening.to(input_ids.device)).all(-1)
         if not at_answer.any():
             return scores
+        self.answers += int(at_answer.sum())
         allowed = self.allowed.to(scores.device)
         answer = torch.full_like(scores[at_answer], float("-inf"))
         answer[:, allowed] = scores[at_answer][:, allowed] / self.scale

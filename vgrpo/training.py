@@ -443,6 +443,9 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
         "adapter_max_lora_b_by_tower": towers,
         # TRL logs each logging step's share of groups whose rewards are all equal (zero advantage, no signal)
         "zero_spread_groups": round(sum(zero_spread) / len(zero_spread), 4) if zero_spread else None,
+        # train.answer_temperature: how many rollout answers took the hotter digit (null: the knob is off)
+        "answers_sampled_hotter": sum(p.answers for p in trainer.logits_processors) if trainer.logits_processors
+        else None,
         "zero_spread_steps": round(sum(f == 1.0 for f in zero_spread) / len(zero_spread), 4) if zero_spread else None,
         "peak_vram_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
     }
