@@ -13,8 +13,8 @@ from conftest import ROOT, load_params, make_pipeline_repo, profile_params, run,
 # The params each stage reads: whole groups, or single keys of another stage's group. params.yaml holds the
 # values the stages use (conf/ composed by `dvc exp run`), so these names are all DVC needs to track.
 STAGE_PARAMS = {"generate": ["generate"], "base": ["model", "base"], "train": ["model", "train"],
-                "evaluate": ["model", "evaluate", "train.load_in_4bit", "train.temperature", "train.top_p",
-                             "train.top_k"],
+                "evaluate": ["model", "evaluate", "train.load_in_4bit", "train.temperature", "train.answer_temperature",
+                             "train.top_p", "train.top_k"],
                 "export": ["model", "export"], "smoke": ["model", "smoke", "train.load_in_4bit"], "card": ["profile"]}
 
 
