@@ -684,6 +684,7 @@ def test_train_stage_writes_adapter_curves_and_metrics(tiny_dataset, tiny_base, 
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["backend"] == "hf" and metrics["steps"] == 4
     assert metrics["answers_sampled_hotter"] is None  # train.answer_temperature is off
+    assert metrics["unsolved_groups_revisited"] is None  # train.revisit_unsolved is off
     # every rollout token was drawn by the inverse-CDF sampler (vgrpo/sampling.py): one call per new token
     # of each step's generate (one call per step here), none by torch's multinomial
     max_new_tokens = tiny_config().train.max_completion_length

@@ -157,6 +157,8 @@ class TrainParams:
     per_device_train_batch_size: int = knob(ge=1)  # completions (not prompts) per device and step
     prompt_oversampling: int = knob(ge=1)  # > 1: sample this many times the step's prompts, train on the groups
                                            # with reward spread first (DAPO's dynamic sampling); 1: off
+    revisit_unsolved: int = knob(ge=0)  # > 0: up to this many groups a step are prompts drawn earlier whose answers
+                                        # were all wrong, drawn once more (vgrpo/revisits.py); 0: off
     gradient_accumulation_steps: int = knob(ge=1)
     num_generations: int = knob(ge=2)  # GRPO group size
     max_prompt_length: int = knob(ge=16)
@@ -472,6 +474,15 @@ def _check_relations(config: Config, source: str) -> None:
     if t.prompt_oversampling > 1 and t.per_device_train_batch_size % t.num_generations:
         fail("train.prompt_oversampling", f"needs whole groups per step: per_device_train_batch_size "
              f"{t.per_device_train_batch_size} is not a multiple of num_generations {t.num_generations}")
+    groups_per_batch = t.per_device_train_batch_size * t.gradient_accumulation_steps // t.num_generations
+    if t.revisit_unsolved and t.num_processes > 1:
+        fail("train.revisit_unsolved", "revisits run in one process (train.num_processes: 1)")
+    if t.revisit_unsolved > groups_per_batch:
+        fail("train.revisit_unsolved", f"{t.revisit_unsolved} groups, but a generation batch holds "
+             f"{groups_per_batch} (per_device_train_batch_size x gradient_accumulation_steps / num_generations)")
+    if t.revisit_unsolved and not any(weight for name, weight in t.rewards.items() if name.startswith("correctness")):
+        fail("train.revisit_unsolved", "tells unsolved prompts by a correctness reward: give train.rewards a "
+             "correctness_* weight")
     if t.advantage_baseline is not None and t.prompt_oversampling > 1:
         fail("train.advantage_baseline", "dynamic sampling picks groups by their spread around the group's mean: "
              "set train.prompt_oversampling: 1 with a fixed baseline")

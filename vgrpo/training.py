@@ -31,6 +31,7 @@ from vgrpo.devices import trainer_precision
 from vgrpo.files import atomic_dir, detach, replace_dir, write_json
 from vgrpo.generation import greedy_accuracy, next_token_logits
 from vgrpo.prompts import hf_messages
+from vgrpo.revisits import UnsolvedPrompts
 from vgrpo.rewards import reward_functions
 from vgrpo.sampling import inverse_cdf_sampling
 from vgrpo.shapes import load_dataset
@@ -114,27 +115,37 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
     stay in float32 on a 4-bit base, which, with `groups_per_step`, trains each step on that many of the
     groups it sampled, those with reward spread first (dynamic sampling), which, with `advantage_baseline`,
     takes each answer's advantage against that fixed reward in place of its group's mean, which weighs
-    positive advantages by `positive_advantage_weight`, and which samples with `logits_processors` (the
-    answer token hotter: vgrpo/answer_sampling.py)."""
+    positive advantages by `positive_advantage_weight`, which samples with `logits_processors` (the
+    answer token hotter: vgrpo/answer_sampling.py), and which, with `revisit_unsolved`, draws prompts whose
+    answers were all wrong again later (vgrpo/revisits.py)."""
 
     def __init__(self, *args, vision_lr_scale: float = 1.0, groups_per_step: int | None = None,
                  advantage_baseline: float | None = None, positive_advantage_weight: float = 1.0,
-                 logits_processors: list | None = None, **kwargs):
+                 logits_processors: list | None = None, revisit_unsolved: int = 0, **kwargs):
         self.vision_lr_scale = vision_lr_scale
         self.groups_per_step = groups_per_step
         self.advantage_baseline = advantage_baseline
         self.positive_advantage_weight = positive_advantage_weight
         self.logits_processors = list(logits_processors or [])
-        self.last_rewards = None
+        self.last_rewards = self.last_correct = None
         super().__init__(*args, **kwargs)
+        self.unsolved = UnsolvedPrompts(revisit_unsolved, self.num_generations) if revisit_unsolved else None
         if models.is_quantized(self.model):  # undo TRL's bfloat16 cast of the LoRA weights (models.py says why)
             models.keep_trainable_in_float32(self.model)
 
     def _generate_and_score_completions(self, inputs):
+        revisiting = self.unsolved is not None and self.model.training
+        if revisiting:
+            inputs, revisits = self.unsolved.splice(inputs)
         with generation_with(self.model, self.logits_processors):
             batch = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return batch
+        if revisiting:
+            if self.last_correct is None:  # a backend whose trainer scores rewards elsewhere (a patched TRL)
+                raise RuntimeError("train.revisit_unsolved: this trainer never passed its rewards through "
+                                   "_calculate_rewards, so there is no telling which prompts went unsolved")
+            self.unsolved.record(inputs, self.last_correct, revisits)
         if self.groups_per_step is not None:
             batch, kept_without_spread = keep_groups_with_spread(batch, self.num_generations, self.groups_per_step)
             self._metrics["train"]["frac_kept_reward_zero_std"].append(kept_without_spread)
@@ -153,6 +164,9 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         # the weighted sum TRL takes next (every process's rows), kept for a fixed baseline
         self.last_rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        # right: any correctness reward above 0 (one process: config refuses revisits with several)
+        correctness = [i for i, name in enumerate(self.reward_func_names) if name.startswith("correctness")]
+        self.last_correct = (rewards_per_func[:, correctness].nan_to_num(0.0) > 0).any(dim=1).tolist()
         return rewards_per_func
 
     def create_optimizer(self, model=None):
@@ -300,6 +314,7 @@ def build_trainer(config: Config, model, processor, train_dataset, reward_funcs,
         positive_advantage_weight=config.train.positive_advantage_weight,
         logits_processors=answer_processors(processor.tokenizer, config.train.temperature,
                                             config.train.answer_temperature),
+        revisit_unsolved=config.train.revisit_unsolved,
     )
 
 
@@ -446,6 +461,9 @@ def run_training(config: Config, backend: str, dtype: str, data_dir: Path, base_
         # train.answer_temperature: how many rollout answers took the hotter digit (null: the knob is off)
         "answers_sampled_hotter": sum(p.answers for p in trainer.logits_processors) if trainer.logits_processors
         else None,
+        # train.revisit_unsolved: groups found with no right answer, and groups drawn again (null: the knob is off)
+        "unsolved_groups_queued": trainer.unsolved.queued if trainer.unsolved else None,
+        "unsolved_groups_revisited": trainer.unsolved.revisited if trainer.unsolved else None,
         "zero_spread_steps": round(sum(f == 1.0 for f in zero_spread) / len(zero_spread), 4) if zero_spread else None,
         "peak_vram_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
     }
