@@ -46,6 +46,8 @@ def test_a_batch_that_is_not_whole_groups_is_refused():
         queue.splice(group("a", "1")[:1] + group("b", "2"))
     with pytest.raises(ValueError, match="not whole groups of 2 rows of one prompt each"):
         queue.splice([group("a", "1")[0], group("b", "2")[0]])
+    with pytest.raises(ValueError, match="train.revisit_unsolved: 3 answers scored for 2 rows"):
+        queue.record(group("a", "1"), [False] * 3, [False])
 
 
 def image_key(image) -> str:

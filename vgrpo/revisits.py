@@ -39,6 +39,8 @@ class UnsolvedPrompts:
 
     def record(self, rows: list[dict], correct: list[bool], revisits: list[bool]) -> None:
         """Queue the first-visit groups none of whose answers was right (`correct`, one per row)."""
+        if len(correct) != len(rows):
+            raise ValueError(f"train.revisit_unsolved: {len(correct)} answers scored for {len(rows)} rows")
         for g, revisit in enumerate(revisits):
             start = g * self.group_size
             if not revisit and not any(correct[start:start + self.group_size]):

@@ -137,6 +137,7 @@ class VisionScaledGRPOTrainer(GRPOTrainer):
         revisiting = self.unsolved is not None and self.model.training
         if revisiting:
             inputs, revisits = self.unsolved.splice(inputs)
+            self.last_correct = None  # this call's, set by _calculate_rewards below
         with generation_with(self.model, self.logits_processors):
             batch = super()._generate_and_score_completions(inputs)
         if not self.model.training:
