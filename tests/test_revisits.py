@@ -55,26 +55,31 @@ def image_key(image) -> str:
 
 
 def test_the_trainers_rollouts_draw_an_unsolved_prompt_again(tiny_base, tiny_dataset, tmp_path):
-    """Through TRL's `_generate_and_score_completions`: a group with no right answer (here the only reward is not a
-    correctness one, so none is right) is queued, and the next batch's rollouts answer its image in place of the
-    first fresh one's; the reward functions see the rows that were generated for."""
+    """Through TRL's `_generate_and_score_completions`: a group with no right answer (a correctness reward of 0;
+    the other reward's 1.0 does not count) is queued, and the next batch's rollouts answer its image in place of
+    the first fresh one's (the reward functions see the rows that were generated for); a group whose correctness
+    reward is above 0 is not queued."""
     from vgrpo.shapes import load_dataset
     from vgrpo.training import build_trainer
 
-    seen = []
+    seen, right = [], []
 
     def recording_reward(completions, **kwargs) -> list[float]:
-        """0.0 for each answer; keeps which image each was for."""
+        """1.0 for each answer, not a correctness reward; keeps which image each was for."""
         seen.append([image_key(image) for image in kwargs["image"]])
-        return [0.0] * len(completions)
+        return [1.0] * len(completions)
+
+    def correctness_on_request(completions, **kwargs) -> list[float]:
+        """2.0 for the first answer once `right` holds anything, else 0.0."""
+        return [2.0 if right and i == 0 else 0.0 for i in range(len(completions))]
 
     config = tiny_config(revisit_unsolved=1)
     model, processor = lora_model(tiny_base, config)
     trainer = build_trainer(config, model, processor, load_dataset(tiny_dataset, ("train",))["train"],
-                            [recording_reward], [1.0], tmp_path / "ckpt")
+                            [recording_reward, correctness_on_request], [1.0, 1.0], tmp_path / "ckpt")
     assert trainer.unsolved is not None and trainer.unsolved.per_step == 1  # build_trainer reads the knob
     batches = iter(trainer.get_train_dataloader())
-    first, second = next(batches), next(batches)
+    first, second, third = next(batches), next(batches), next(batches)
     first_images = [image_key(row["image"]) for row in first]
     assert first_images != [image_key(row["image"]) for row in second]  # two different draws
     model.train()
@@ -84,3 +89,7 @@ def test_the_trainers_rollouts_draw_an_unsolved_prompt_again(tiny_base, tiny_dat
     trainer._generate_and_score_completions(second)
     assert seen == [first_images, first_images]  # the second rollout answered the first, unsolved image again
     assert (trainer.unsolved.queued, trainer.unsolved.revisited) == (1, 1)  # and did not queue it twice
+    right.append(True)
+    trainer._generate_and_score_completions(third)
+    assert trainer.last_correct == [True] + [False] * (len(third) - 1)  # read from the correctness column
+    assert (trainer.unsolved.queued, trainer.unsolved.revisited) == (1, 1)  # one right answer: not queued

@@ -21,7 +21,6 @@ class UnsolvedPrompts:
         self.per_step, self.group_size = per_step, group_size
         self.queue: deque[list[dict]] = deque()
         self.revisited = 0  # groups put back so far
-        self.queued = 0  # groups found unsolved on their first visit
 
     def splice(self, rows: list[dict]) -> tuple[list[dict], list[bool]]:
         """`rows` with up to `per_step` queued groups in place of its first groups; returns the rows and,
@@ -45,4 +44,8 @@ class UnsolvedPrompts:
             start = g * self.group_size
             if not revisit and not any(correct[start:start + self.group_size]):
                 self.queue.append(rows[start:start + self.group_size])
-                self.queued += 1
+
+    @property
+    def queued(self) -> int:
+        """Groups found unsolved on their first visit: those put back and those still waiting."""
+        return self.revisited + len(self.queue)
